@@ -1,0 +1,124 @@
+"""Configuration of the reference engine: the model's architecture (from a Hugging Face
+``config.json``) and the compile-time settings (transformers-neuronx's names).
+
+Unknown keywords are refused here with the closest valid name. The Neuron libraries are
+more lenient: transformers-neuronx's ``LlamaForSampling`` swallows unknown keywords
+(``llama/model.py``: ``**kwargs`` is never forwarded) and NxD Inference's ``NeuronConfig``
+only logs "NeuronConfig init: Unexpected keyword arguments" (``models/config.py``), so a
+typo there silently runs with the default.
+"""
+from __future__ import annotations
+
+import difflib
+import enum
+from dataclasses import dataclass, field, fields
+
+import torch
+
+AMP_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def amp_dtype(amp: str) -> torch.dtype:
+    if amp not in AMP_DTYPES:
+        raise ValueError(f"amp={amp!r} is not supported: use one of {sorted(AMP_DTYPES)} "
+                         "(transformers-neuronx names: 'f32', 'bf16', 'f16').")
+    return AMP_DTYPES[amp]
+
+
+def reject_unknown(kwargs: dict, known, where: str) -> None:
+    for key in kwargs:
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"{where} got an unknown keyword {key!r}.{hint} Valid: {sorted(known)}")
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """The architecture, read from a Hugging Face Llama/Mistral config.json."""
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    sliding_window: int | None
+    attention_bias: bool
+    mlp_bias: bool
+    eos_token_id: int | list | None
+    pad_token_id: int | None
+    hf_config: dict = field(repr=False, compare=False, hash=False, default_factory=dict)
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "ModelArgs":
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act={cfg['hidden_act']!r}: the engine implements SiLU-gated MLPs only")
+        n_heads = cfg["num_attention_heads"]
+        rope = cfg.get("rope_parameters") or {}
+        sliding = cfg.get("sliding_window") if cfg.get("model_type") == "mistral" or cfg.get("use_sliding_window") else None
+        return cls(
+            model_type=cfg["model_type"],
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            n_layers=cfg["num_hidden_layers"],
+            n_heads=n_heads,
+            n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // n_heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", cfg.get("rope_theta", 10000.0)),
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            sliding_window=sliding,
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            eos_token_id=cfg.get("eos_token_id"),
+            pad_token_id=cfg.get("pad_token_id"),
+            hf_config=dict(cfg),
+        )
+
+    @property
+    def eos_ids(self) -> list[int]:
+        e = self.eos_token_id
+        return [] if e is None else ([e] if isinstance(e, int) else list(e))
+
+
+# transformers-neuronx GQA enum values (transformers_neuronx/constants.py)
+class GQA(str, enum.Enum):
+    SHARD_OVER_HEADS = "shard-over-heads"
+    SHARD_OVER_BATCH = "shard-over-batch"
+    REPLICATED_HEADS = "replicated-heads"
+    ALL_GATHER_HEADS = "all-gather-heads"
+
+
+@dataclass
+class NeuronConfig:
+    """The subset of transformers-neuronx's ``NeuronConfig`` the reference engine implements,
+    with the same keyword names, plus ``compiled`` (reference only: torch.compile each graph)."""
+    group_query_attention: str | None = None
+    quant: object | None = None
+    fuse_qkv: bool = True
+    on_device_embedding: bool = False
+    padding_side: str = "left"
+    compiled: bool = False
+
+    def __init__(self, **kwargs):
+        names = [f.name for f in fields(self)]
+        reject_unknown(kwargs, names, "NeuronConfig")
+        for f in fields(self):
+            setattr(self, f.name, kwargs.get(f.name, f.default))
+        if self.group_query_attention is not None:
+            try:
+                self.group_query_attention = GQA(self.group_query_attention)
+            except ValueError:
+                raise ValueError(f"group_query_attention={self.group_query_attention!r}: use a GQA member "
+                                 f"({', '.join(g.name for g in GQA)}) or its value") from None
+        if self.padding_side != "left":
+            raise ValueError("padding_side must be 'left': the engine takes left-padded batches, as "
+                             "transformers-neuronx's sample() does")

@@ -1,0 +1,447 @@
+"""The reference engine: a Neuron-compiled causal LM, mirrored in plain PyTorch.
+
+It keeps the Neuron programming model: the model is built for a fixed ``batch_size`` and
+``n_positions``; the KV cache is preallocated once in ``to_neuron()``; a prompt runs
+through a context-encoding graph padded to a context bucket, and every new token through a
+token-generation graph that attends over a token bucket of KV positions. Call shapes are
+transformers-neuronx's (``from_pretrained``, ``to_neuron``, ``sample``, ``forward``).
+
+Layout (gpt-fast style: small, flat): ``Transformer`` holds one rank's weights (fused QKV and
+gate/up as Neuron's ``fuse_qkv`` does) and a ``Comm`` for collectives (a no-op at tp=1);
+``NeuronModel`` owns the cache, the buckets and the sampling loop.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from . import buckets as bk
+from .config import GQA, ModelArgs, NeuronConfig, amp_dtype, reject_unknown
+from .model_store import load_config, load_state_dict, resolve_model_path
+from .sampling import select_next_tokens, validate_sampling_args
+
+
+class Comm:
+    """Collectives of one tensor-parallel group; this one is the single-rank group."""
+    rank = 0
+    world_size = 1
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        return x
+
+
+def rope_inv_freq(args: ModelArgs) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and scaling, from transformers' own RoPE functions (llama3, yarn, ...)."""
+    rope = args.hf_config.get("rope_parameters") or args.hf_config.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type == "default":
+        d = args.head_dim
+        return 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float) / d)), 1.0
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    cfg = AutoConfig.for_model(**args.hf_config)
+    return ROPE_INIT_FUNCTIONS[rope_type](cfg)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # As transformers' LlamaRMSNorm: statistics in f32, scale in the input dtype.
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+@dataclass
+class LayerWeights:
+    wqkv: torch.Tensor      # [(q_local + 2 * kv_local) * head_dim, hidden]   column-parallel
+    wo: torch.Tensor        # [hidden, q_local * head_dim]                      row-parallel
+    w13: torch.Tensor       # [2 * ffn_local, hidden]  (gate; up)               column-parallel
+    w2: torch.Tensor        # [hidden, ffn_local]                               row-parallel
+    ln1: torch.Tensor
+    ln2: torch.Tensor
+    bqkv: torch.Tensor | None = None
+    bo: torch.Tensor | None = None
+
+
+@dataclass
+class RankWeights:
+    """One rank's shard. ``n_q``/``n_kv`` are this rank's (padded) head counts."""
+    embed: torch.Tensor     # [vocab, hidden] (replicated)
+    norm: torch.Tensor
+    lm_head: torch.Tensor   # [vocab_local, hidden]   vocabulary-parallel
+    layers: list[LayerWeights]
+    n_q: int
+    n_kv: int
+    vocab_size: int         # the unpadded vocabulary (gathered logits are cut to it)
+    kv_group: torch.Tensor | None = None  # per local q head: index of its local kv head (None: n_q // n_kv groups)
+    extra: dict = field(default_factory=dict)
+
+
+def shard_state(state: dict, args: ModelArgs, dtype: torch.dtype, rank: int = 0, tp: int = 1,
+                gqa: GQA | None = None) -> RankWeights:
+    """Fuse and cast the checkpoint's tensors for one rank. tp=1 here; ``helpers.parallel`` shards."""
+    if tp != 1:
+        from .parallel import shard_state_tp  # tensor-parallel sharding with head padding
+
+        return shard_state_tp(state, args, dtype, rank, tp, gqa)
+    p = "model."
+
+    def get(name):
+        return state[name].to(dtype)
+
+    layers = []
+    for i in range(args.n_layers):
+        a, m = f"{p}layers.{i}.self_attn.", f"{p}layers.{i}.mlp."
+        bq = None
+        if args.attention_bias:
+            bq = torch.cat([get(a + "q_proj.bias"), get(a + "k_proj.bias"), get(a + "v_proj.bias")])
+        layers.append(LayerWeights(
+            wqkv=torch.cat([get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")]),
+            wo=get(a + "o_proj.weight"),
+            w13=torch.cat([get(m + "gate_proj.weight"), get(m + "up_proj.weight")]),
+            w2=get(m + "down_proj.weight"),
+            ln1=get(f"{p}layers.{i}.input_layernorm.weight"),
+            ln2=get(f"{p}layers.{i}.post_attention_layernorm.weight"),
+            bqkv=bq,
+            bo=get(a + "o_proj.bias") if args.attention_bias and (a + "o_proj.bias") in state else None,
+        ))
+    embed = get(p + "embed_tokens.weight")
+    lm_head = embed if args.tie_word_embeddings or "lm_head.weight" not in state else get("lm_head.weight")
+    return RankWeights(embed=embed, norm=get(p + "norm.weight"), lm_head=lm_head, layers=layers,
+                       n_q=args.n_heads, n_kv=args.n_kv_heads, vocab_size=args.vocab_size)
+
+
+class Transformer:
+    """One rank's forward pass over a fixed-shape KV cache.
+
+    ``forward(tokens [B,T], rope_pos [B,T], slots [T], kv_len, mask [B,T,kv_len], logit_idx)``
+    writes this step's K/V at ``slots`` and attends over cache positions ``[0, kv_len)``.
+    """
+
+    def __init__(self, args: ModelArgs, w: RankWeights, comm: Comm, batch_size: int, n_positions: int,
+                 device: torch.device, dtype: torch.dtype):
+        self.args, self.w, self.comm = args, w, comm
+        self.dtype, self.device = dtype, device
+        self.linear = F.linear  # seam: int8 storage swaps in a dequantizing linear
+        inv_freq, scale = rope_inv_freq(args)
+        pos = torch.arange(n_positions, dtype=torch.float)
+        freqs = pos[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = (emb.cos() * scale).to(device=device, dtype=dtype)
+        self.sin = (emb.sin() * scale).to(device=device, dtype=dtype)
+        shape = (args.n_layers, batch_size, w.n_kv, n_positions, args.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+
+    def kv_cache_bytes(self) -> int:
+        return 2 * self.k_cache.numel() * self.k_cache.element_size()
+
+    def attention(self, q, k_all, v_all, mask):
+        if self.w.kv_group is not None:  # arbitrary q->kv mapping (padded / replicated layouts)
+            k_all, v_all = k_all[:, self.w.kv_group], v_all[:, self.w.kv_group]
+            return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=self.w.n_q != self.w.n_kv)
+
+    @torch.inference_mode()
+    def forward(self, tokens, rope_pos, slots, kv_len: int, mask, logit_idx=None):
+        a, w = self.args, self.w
+        B, T = tokens.shape
+        D = a.head_dim
+        x = F.embedding(tokens, w.embed)
+        cos = self.cos[rope_pos].unsqueeze(1)  # [B,1,T,D]
+        sin = self.sin[rope_pos].unsqueeze(1)
+        attn_mask = mask.unsqueeze(1)
+        nq, nkv = w.n_q * D, w.n_kv * D
+        for i, L in enumerate(w.layers):
+            h = rms_norm(x, L.ln1, a.rms_norm_eps)
+            qkv = self.linear(h, L.wqkv, L.bqkv)
+            q = qkv[..., :nq].view(B, T, w.n_q, D).transpose(1, 2)
+            k = qkv[..., nq:nq + nkv].view(B, T, w.n_kv, D).transpose(1, 2)
+            v = qkv[..., nq + nkv:].view(B, T, w.n_kv, D).transpose(1, 2)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            self.k_cache[i].index_copy_(2, slots, k)
+            self.v_cache[i].index_copy_(2, slots, v)
+            o = self.attention(q, self.k_cache[i, :, :, :kv_len], self.v_cache[i, :, :, :kv_len], attn_mask)
+            o = self.linear(o.transpose(1, 2).reshape(B, T, nq), L.wo)
+            x = x + self.comm.all_reduce(o) + (L.bo if L.bo is not None else 0)
+            h = rms_norm(x, L.ln2, a.rms_norm_eps)
+            gu = self.linear(h, L.w13)
+            g, u = gu.chunk(2, dim=-1)
+            x = x + self.comm.all_reduce(self.linear(F.silu(g) * u, L.w2))
+        if logit_idx is not None:
+            x = x[torch.arange(B, device=x.device)[:, None], logit_idx]
+        x = rms_norm(x, w.norm, a.rms_norm_eps)
+        logits = self.comm.all_gather(self.linear(x, w.lm_head), dim=-1)
+        return logits[..., : w.vocab_size].float()
+
+
+def build_mask(slots: torch.Tensor, start_ids: torch.Tensor, kv_len: int, window: int | None) -> torch.Tensor:
+    """[B, T, kv_len] bool: a query at cache slot i sees slot j iff start_b <= j <= i (and i - j < window)."""
+    j = torch.arange(kv_len, device=slots.device)
+    i = slots[:, None]
+    vis = (j[None, :] <= i)
+    if window:
+        vis = vis & (i - j[None, :] < window)
+    return vis[None, :, :] & (j[None, None, :] >= start_ids[:, None, None])
+
+
+class NeuronModel:
+    """A causal LM built like a Neuron model. Prefer the aliases ``LlamaForSampling`` /
+    ``MistralForSampling`` / ``NeuronAutoModelForCausalLM`` and their ``from_pretrained``.
+
+    Differences from transformers-neuronx, on purpose: ``tp_degree`` defaults to 1 (there: 2);
+    unknown keywords raise (there: silently ignored); stopping criteria receive the ids generated
+    so far (there: the prompt, aws-neuron/transformers-neuronx#75).
+    """
+
+    ARGS = ("batch_size", "n_positions", "tp_degree", "amp", "context_length_estimate",
+            "neuron_config", "device")
+
+    def __init__(self, model_path=None, *, batch_size: int = 1, n_positions=2048, tp_degree: int = 1,
+                 amp: str = "f32", context_length_estimate=None, neuron_config: NeuronConfig | None = None,
+                 device: str = "cpu"):
+        self.model_path = resolve_model_path(model_path)
+        self.args = ModelArgs.from_hf(load_config(self.model_path))
+        self.batch_size, self.tp_degree, self.amp = int(batch_size), int(tp_degree), amp
+        self.dtype = amp_dtype(amp)
+        self.device = torch.device(device)
+        self.neuron_config = neuron_config or NeuronConfig()
+        self.token_buckets = bk.tnx_token_buckets(n_positions)
+        self.context_buckets = bk.tnx_context_buckets(context_length_estimate, self.token_buckets)
+        self.n_positions = self.token_buckets[-1]
+        self._validate()
+        self.model: Transformer | None = None
+        self.build_report: list[dict] = []
+        self.stats: dict = {}
+
+    @classmethod
+    def from_pretrained(cls, model_path=None, **kwargs) -> "NeuronModel":
+        reject_unknown(kwargs, cls.ARGS, f"{cls.__name__}.from_pretrained")
+        return cls(model_path, **kwargs)
+
+    # -- checks before any build -------------------------------------------------------------
+    def _validate(self):
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size={self.batch_size}: must be >= 1")
+        if self.tp_degree < 1:
+            raise ValueError(f"tp_degree={self.tp_degree}: must be >= 1")
+        if any(b < 1 for b in self.token_buckets + self.context_buckets):
+            raise ValueError(f"buckets must be positive: n_positions -> {self.token_buckets}, "
+                             f"context_length_estimate -> {self.context_buckets}")
+        if self.n_positions > self.args.max_position_embeddings:
+            raise ValueError(f"n_positions={self.n_positions} exceeds the model's max_position_embeddings="
+                             f"{self.args.max_position_embeddings}: lower n_positions")
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but torch sees no CUDA device: use device='cpu'")
+        if self.neuron_config.quant is not None:
+            from .quant import check_quant_config
+            check_quant_config(self.neuron_config.quant, self.amp)
+
+    # -- build ----------------------------------------------------------------------------------
+    def to_neuron(self) -> "NeuronModel":
+        """Load and shard the weights, allocate the KV cache, build one graph per bucket."""
+        t0 = time.perf_counter()
+        if self.tp_degree != 1:
+            raise ValueError(f"tp_degree={self.tp_degree}: tensor parallelism runs in "
+                             "helpers.parallel.ParallelModel (one process per rank)")
+        state = load_state_dict(self.model_path)
+        weights = shard_state(state, self.args, self.dtype, gqa=self.neuron_config.group_query_attention)
+        del state
+        weights = self._move(weights)
+        self.model = Transformer(self.args, weights, Comm(), self.batch_size, self.n_positions,
+                                 self.device, self.dtype)
+        if self.neuron_config.quant is not None:
+            from .quant import quantize_model
+            quantize_model(self.model, self.neuron_config.quant)
+        self.load_s = time.perf_counter() - t0
+        self._build_graphs()
+        return self
+
+    def _move(self, w: RankWeights) -> RankWeights:
+        if self.device.type == "cpu":
+            return w
+        mv = lambda t: None if t is None else t.to(self.device)  # noqa: E731
+        w.embed, w.norm, w.lm_head = mv(w.embed), mv(w.norm), mv(w.lm_head)
+        w.kv_group = mv(w.kv_group)
+        for L in w.layers:
+            for name in ("wqkv", "wo", "w13", "w2", "ln1", "ln2", "bqkv", "bo"):
+                setattr(L, name, mv(getattr(L, name)))
+        return w
+
+    def _build_graphs(self):
+        """One callable per (kind, bucket); compiled with torch.compile when neuron_config.compiled."""
+        self.graphs = {}
+        self.build_report = []
+        fwd = self.model.forward
+        if self.neuron_config.compiled:
+            fwd = torch.compile(self.model.forward, dynamic=False, fullgraph=False)
+        for kind, sizes in (("context", self.context_buckets), ("token", self.token_buckets)):
+            for b in sizes:
+                self.graphs[(kind, b)] = fwd
+                self.build_report.append({"graph": f"{kind}[{b}]", "seconds": 0.0})
+
+    @property
+    def weight_bytes(self) -> int:
+        w = self._require_built().w
+        ts = [w.embed, w.norm] + ([] if w.lm_head is w.embed else [w.lm_head])
+        for L in w.layers:
+            ts += [t for t in (L.wqkv, L.wo, L.w13, L.w2, L.ln1, L.ln2, L.bqkv, L.bo) if t is not None]
+        total = sum(t.numel() * t.element_size() for t in ts)
+        return total + sum(t.numel() * t.element_size() for t in w.extra.values() if torch.is_tensor(t))
+
+    def _require_built(self) -> Transformer:
+        if self.model is None:
+            raise RuntimeError("The model is not built: call .to_neuron() first (as on Neuron).")
+        return self.model
+
+    # -- one forward over the fixed-shape cache ---------------------------------------------
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def _step(self, tokens, start_ids, first_slot: int, kind: str):
+        """Run ``tokens`` [B,T] at cache slots first_slot.. ; return logits of the last position [B,V]."""
+        B, T = tokens.shape
+        last = first_slot + T
+        if kind == "context":
+            width = bk.tnx_find(self.context_buckets, T)
+            pad = width - T
+            if pad:  # pad on the right to the bucket: junk slots are overwritten later, never attended
+                tokens = torch.cat([tokens, tokens.new_zeros(B, pad)], dim=1)
+            kv_len = width
+        else:
+            width = T
+            kv_len = bk.tnx_find(self.token_buckets, last)
+        slots = torch.arange(first_slot, first_slot + width, device=self.device)
+        rope_pos = (slots[None, :] - start_ids[:, None]).clamp_(min=0)
+        mask = build_mask(slots, start_ids, kv_len, self.args.sliding_window)
+        idx = torch.full((B, 1), T - 1, device=self.device)
+        logits = self.graphs[(kind, width if kind == "context" else kv_len)](
+            tokens, rope_pos, slots, kv_len, mask, idx)
+        return logits[:, -1]
+
+    def _encode_prompt(self, input_ids, start_ids):
+        """Context encoding up to the largest context bucket, then token by token (as transformers-neuronx)."""
+        L = input_ids.shape[1]
+        n_ctx = min(L, self.context_buckets[-1]) if self.context_buckets else 0
+        logits = None
+        if n_ctx:
+            logits = self._step(input_ids[:, :n_ctx], start_ids, 0, "context")
+        for pos in range(n_ctx, L):
+            logits = self._step(input_ids[:, pos:pos + 1], start_ids, pos, "token")
+        return logits
+
+    @torch.inference_mode()
+    def forward(self, input_ids, cache_ids=None, start_ids=None):
+        """Logits [B, vocab] of the last position; ``cache_ids`` [T] are the slots to write (default 0..T-1)."""
+        self._require_built()
+        input_ids = input_ids.to(self.device)
+        start = self._start_ids(input_ids, start_ids, None)
+        first = 0 if cache_ids is None else int(cache_ids.reshape(-1)[0])
+        if first == 0:
+            return self._encode_prompt(input_ids, start)
+        return self._step(input_ids, start, first, "token")
+
+    def _start_ids(self, input_ids, start_ids, attention_mask):
+        B = input_ids.shape[0]
+        if start_ids is None and attention_mask is not None:
+            am = attention_mask.to(self.device)
+            if bool((am[:, 1:] < am[:, :-1]).any()):
+                raise ValueError("attention_mask has padding after a real token: pad on the left "
+                                 "(tokenizer.padding_side = 'left')")
+            start_ids = (am == 0).sum(dim=1)
+        if start_ids is None:
+            return torch.zeros(B, dtype=torch.long, device=self.device)
+        return torch.as_tensor(start_ids, dtype=torch.long, device=self.device).reshape(B)
+
+    # -- generation -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def sample(self, input_ids, sequence_length: int, start_ids=None, top_k: int = 50, top_p: float = 1.0,
+               temperature: float = 1.0, streamer=None, stopping_criteria_list=None,
+               eos_token_override=None, attention_mask=None, generator: torch.Generator | None = None,
+               pad_token_id: int | None = None):
+        """transformers-neuronx ``sample``: returns [B, prompt + generated] token ids.
+
+        Greedy is ``top_k=1``. ``streamer.put`` receives a (B, 1) tensor per new token and ``end()``
+        once; the prompt is never put. Rows that finish (EOS or a stopping criterion that returns a
+        per-row bool tensor) are padded with ``pad_token_id`` until every row is done.
+        """
+        self._require_built()
+        validate_sampling_args(top_k, top_p, temperature)
+        input_ids = torch.as_tensor(input_ids).to(self.device)
+        if input_ids.dim() == 1:
+            input_ids = input_ids[None]
+        B, L = input_ids.shape
+        if B != self.batch_size:
+            raise ValueError(f"The model was built for batch_size={self.batch_size} but got {B} rows: "
+                             f"pad the batch to {self.batch_size} rows or rebuild with batch_size={B} "
+                             "(Neuron graphs have a fixed batch).")
+        if sequence_length > self.n_positions:
+            raise ValueError(f"sequence_length={sequence_length} exceeds n_positions={self.n_positions}: "
+                             "lower sequence_length or rebuild with a larger n_positions.")
+        if L >= sequence_length:
+            raise ValueError(f"The prompt has {L} tokens and sequence_length={sequence_length} leaves no room "
+                             "to generate: sequence_length counts prompt + new tokens.")
+        start = self._start_ids(input_ids, start_ids, attention_mask)
+        eos = self.args.eos_ids if eos_token_override is None else (
+            [eos_token_override] if isinstance(eos_token_override, int) else list(eos_token_override))
+        pad = pad_token_id if pad_token_id is not None else (
+            self.args.pad_token_id if self.args.pad_token_id is not None else (eos[0] if eos else 0))
+        eos_t = torch.tensor(eos, device=self.device, dtype=torch.long)
+
+        t0 = time.perf_counter()
+        logits = self._encode_prompt(input_ids, start)
+        seq = input_ids
+        done = torch.zeros(B, dtype=torch.bool, device=self.device)
+        step_times = []
+        for cur in range(L, sequence_length):
+            tok = select_next_tokens(logits, top_k, top_p, temperature, generator)
+            tok = torch.where(done, torch.full_like(tok, pad), tok)
+            seq = torch.cat([seq, tok[:, None]], dim=1)
+            if streamer is not None:
+                streamer.put(tok[:, None].cpu())
+            if eos:
+                done = done | torch.isin(tok, eos_t)
+            if stopping_criteria_list is not None:
+                done = done | _as_row_flags(stopping_criteria_list(seq, logits), B, self.device)
+            self._sync()
+            step_times.append(time.perf_counter() - t0)
+            if bool(done.all()) or cur + 1 == sequence_length:
+                break
+            logits = self._step(tok[:, None], start, cur, "token")
+        if streamer is not None:
+            streamer.end()
+        self.stats = {"prompt_len": L, "new_tokens": seq.shape[1] - L, "ttft_s": step_times[0],
+                      "token_times_s": step_times, "total_s": step_times[-1]}
+        return seq
+
+
+def _as_row_flags(value, batch: int, device) -> torch.Tensor:
+    if torch.is_tensor(value):
+        v = value.to(device=device, dtype=torch.bool).reshape(-1)
+        return v.expand(batch) if v.numel() == 1 else v
+    return torch.full((batch,), bool(value), device=device)
+
+
+class LlamaForSampling(NeuronModel):
+    pass
+
+
+class MistralForSampling(NeuronModel):
+    pass
+
+
+class NeuronAutoModelForCausalLM(NeuronModel):
+    pass

