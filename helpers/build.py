@@ -1,0 +1,24 @@
+"""One entry point that builds the model for the active backend from the notebook's knobs.
+
+The same settings mean the same thing on every backend: ``batch_size``, ``n_positions``
+(an int or a list of token buckets), ``tp_degree``, ``amp`` ('f32' | 'bf16' | 'f16'),
+``context_length_estimate`` (context buckets) and a ``NeuronConfig``.
+"""
+from __future__ import annotations
+
+from .backend import Backend
+from .engine import NeuronModel
+
+
+def build_model(bk: Backend, model_path=None, **settings):
+    """Build and compile (``to_neuron()``) a model; returns an object with ``sample()``."""
+    if bk.is_neuron:
+        from .neuron import build_neuron_model  # imports the Neuron SDK; only on inf2/trn1
+
+        return build_neuron_model(bk.stack, model_path, **settings)
+    tp = int(settings.get("tp_degree", 1))
+    if tp > 1:
+        from .parallel import ParallelModel
+
+        return ParallelModel.from_pretrained(model_path, device=bk.device, **settings).to_neuron()
+    return NeuronModel.from_pretrained(model_path, device=bk.device, **settings).to_neuron()
