@@ -405,10 +405,12 @@ class NeuronModel:
         logits = self._encode_prompt(input_ids, start)
         seq = input_ids
         done = torch.zeros(B, dtype=torch.bool, device=self.device)
+        row_new_tokens = torch.zeros(B, dtype=torch.long, device=self.device)  # per row, incl. its stop token
         step_times = []
         for cur in range(L, sequence_length):
             tok = select_next_tokens(logits, top_k, top_p, temperature, generator)
             tok = torch.where(done, torch.full_like(tok, pad), tok)
+            row_new_tokens += (~done).long()
             seq = torch.cat([seq, tok[:, None]], dim=1)
             if streamer is not None:
                 streamer.put(tok[:, None].cpu())
@@ -423,7 +425,8 @@ class NeuronModel:
             logits = self._step(tok[:, None], start, cur, "token")
         if streamer is not None:
             streamer.end()
-        self.stats = {"prompt_len": L, "new_tokens": seq.shape[1] - L, "ttft_s": step_times[0],
+        self.stats = {"prompt_len": L, "new_tokens": seq.shape[1] - L, "row_new_tokens": row_new_tokens.tolist(),
+                      "ttft_s": step_times[0],
                       "token_times_s": step_times, "total_s": step_times[-1]}
         return seq
 
