@@ -18,12 +18,15 @@ job::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import pickle
 import socket
+import sys
 import time
 import traceback
+import types
 import weakref
 from collections.abc import Mapping
 from datetime import timedelta
@@ -325,18 +328,43 @@ def _shutdown(procs, conns):
         c.close()
 
 
+@contextlib.contextmanager
+def _without_main():
+    """Start a rank without re-importing the caller's ``__main__`` (multiprocessing does that so pickled
+    functions from it resolve; ranks need none, and a script's or kernel's imports cost seconds per rank)."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+def _mp_context():
+    """forkserver where available: its server imports torch and helpers once, so later ranks start in
+    well under a second instead of re-importing everything (spawn) — it matters with 2 CPU cores."""
+    import multiprocessing
+
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = torch.multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["helpers.parallel"])
+        return ctx
+    return torch.multiprocessing.get_context("spawn")
+
+
 class _SpawnedRanks:
     """The driver's handle on ``tp`` spawned rank processes (commands over pipes, no timeout while idle)."""
 
     def __init__(self, tp: int, backend: str, threads: int):
-        ctx = torch.multiprocessing.get_context("spawn")
+        ctx = _mp_context()
         port = _free_port()
         self.procs, self.conns = [], []
         for r in range(tp):
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_worker_main, args=(r, tp, port, backend, threads, child), daemon=True,
                             name=f"tp-rank-{r}")
-            p.start()
+            with _without_main():
+                p.start()
             child.close()
             self.procs.append(p)
             self.conns.append(parent)
