@@ -77,9 +77,14 @@ def skip_reason(tp: int, batch: int, seq: int, tested: list[dict]) -> str | None
 def search(model, inst, results_path, library: str = "tnx", amp: str = "bf16", verify: str | None = None,
            model_path=None, tp_degrees=None, batch_sizes=BATCH_SIZES, sequence_lengths=None,
            reserve: float = RUNTIME_RESERVE, timeout_s: float = 3600, log=print) -> dict:
-    """Run (or resume) the search; returns the results file's content."""
-    if verify not in (None, "planner", "neuron"):
-        raise ValueError(f"verify={verify!r}: use None/'planner' (predictions only) or 'neuron' (compile + load)")
+    """Run (or resume) the search; returns the results file's content.
+
+    ``verify``: None / "planner" (the prediction is the verdict), "neuron" (compile + load in a child
+    process), or a callable ``(tp, batch, seq) -> bool`` (e.g. a remote check).
+    """
+    if not callable(verify) and verify not in (None, "planner", "neuron"):
+        raise ValueError(f"verify={verify!r}: use None/'planner' (predictions only), 'neuron' (compile + load) "
+                         "or a callable (tp, batch, seq) -> bool")
     if verify == "neuron" and model_path is None:
         raise ValueError("verify='neuron' compiles the model: pass model_path= a local checkpoint directory")
     cfg = load_model_config(model_path if model_path is not None and model is None else model)
@@ -90,7 +95,7 @@ def search(model, inst, results_path, library: str = "tnx", amp: str = "bf16", v
     seqs = sorted(sequence_lengths or candidate_sequence_lengths(s.max_positions), reverse=True)
     path = Path(results_path)
     data = _load(path, {"model": s.name, "instance": it.name, "library": library, "amp": amp})
-    data["verify"] = verify or "planner"
+    data["verify"] = getattr(verify, "__name__", "callable") if callable(verify) else (verify or "planner")
     for tp in tps:
         for batch in batches:
             for seq in seqs:
@@ -103,6 +108,8 @@ def search(model, inst, results_path, library: str = "tnx", amp: str = "bf16", v
                          "source": "planner", "valid": p.fits(it, reserve), "error": p.error, "seconds": 0.0}
                 if verify == "neuron":
                     entry.update(verify_on_neuron(model_path, library, tp, batch, seq, amp, timeout_s))
+                elif callable(verify):
+                    entry.update(source=data["verify"], valid=bool(verify(tp, batch, seq)))
                 data["tested"].append(entry)
                 _save(path, data)
                 log(f"tp={tp:>2} batch={batch:>3} seq={seq:>6}: {'valid' if entry['valid'] else 'invalid'} "
