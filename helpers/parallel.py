@@ -450,7 +450,10 @@ class ParallelModel(NeuronModel):
 
     ``rank_reports`` (after ``to_neuron``) lists what each rank holds: query/KV heads, weight and KV-cache
     bytes, the cache shape. ``weight_bytes`` / ``kv_cache_bytes`` are the largest rank's (what one
-    NeuronCore must hold). Call ``close()`` (or use ``with``) to stop the rank processes early.
+    NeuronCore must hold). Each rank gets ``torch.get_num_threads() // tp_degree`` threads (at least 1), so
+    tp ranks use the cores one process would. Call ``close()`` (or use ``with``) to stop the ranks early.
+    Scripts that build one must guard their entry point (``if __name__ == "__main__":``), as multiprocessing
+    requires; notebooks need nothing.
     """
 
     def __init__(self, model_path=None, **kwargs):
@@ -481,7 +484,7 @@ class ParallelModel(NeuronModel):
             self._ranks = _TorchrunRanks(_RankServer(0, self.tp_degree), ctrl)
         else:
             backend = "nccl" if self.device.type == "cuda" else "gloo"
-            threads = max(1, (os.cpu_count() or 1) // self.tp_degree)
+            threads = max(1, torch.get_num_threads() // self.tp_degree)  # the ranks share the driver's threads
             self._ranks = _SpawnedRanks(self.tp_degree, backend, threads)
         spec = {"model_path": str(self.model_path), "amp": self.amp, "batch_size": self.batch_size,
                 "n_positions": self.n_positions, "layout": self.layout, "neuron_config": self.neuron_config,
@@ -591,4 +594,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from helpers.parallel import main as _main  # run from the importable module: ranks pickle its functions
+
+    _main()
