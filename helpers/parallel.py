@@ -40,6 +40,7 @@ from .gqa import HeadLayout, resolve_layout, round_up
 from .model_store import load_config, load_state_dict, resolve_model_path
 
 COLLECTIVE_TIMEOUT_S = 600  # a rank stuck in a collective longer than this fails instead of hanging
+GATHERED_OPS = {"build", "bench_all_reduce"}  # commands whose every rank's result the driver needs
 
 
 # -- weights -----------------------------------------------------------------------------------
@@ -267,6 +268,18 @@ class _RankServer:
                 "kv_mode": layout.kv_mode, "threads": torch.get_num_threads(), "build_s": time.perf_counter() - t0,
                 "device": str(device)}
 
+    def bench_all_reduce(self, payload):
+        """Seconds per all-reduce of a [batch, 1, hidden] activation (the decode step's collective)."""
+        n, batch = payload
+        x = torch.zeros(batch, 1, self.model.args.hidden_size, dtype=self.model.dtype, device=self.model.device)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            dist.all_reduce(x)
+        if x.is_cuda:
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / n
+
     def forward(self, payload):
         tokens, rope_pos, slots, kv_len, mask, idx = payload
         dev = self.model.device
@@ -407,7 +420,7 @@ class _TorchrunRanks:
     def call(self, op: str, payload) -> list:
         dist.broadcast_object_list([op, payload], src=0, group=self.ctrl)
         result = self.server.handle(op, payload)
-        if op == "build":
+        if op in GATHERED_OPS:
             out = [None] * self.server.tp
             dist.gather_object(result, out, dst=0, group=self.ctrl)
             return out
@@ -439,7 +452,7 @@ def serve_torchrun(device: str = "cpu"):
         if op == "stop":
             break
         result = server.handle(op, payload)
-        if op == "build":
+        if op in GATHERED_OPS:
             dist.gather_object(result, None, dst=0, group=ctrl)
     dist.destroy_process_group()
 
@@ -513,6 +526,15 @@ class ParallelModel(NeuronModel):
         if self._ranks is None:
             raise RuntimeError("The model is not built: call .to_neuron() first (as on Neuron).")
         return self._ranks
+
+    def all_reduce_latency(self, n: int = 50) -> float:
+        """Measured seconds per all-reduce of one decode step's activation (slowest rank)."""
+        return max(self._require_built().call("bench_all_reduce", (n, self.batch_size)))
+
+    @property
+    def collectives_per_step(self) -> int:
+        """All-reduces after o_proj and down_proj in every layer, plus the LM head's all-gather."""
+        return 2 * self.args.n_layers + 1
 
     @property
     def rank_weight_bytes(self) -> list[int]:
