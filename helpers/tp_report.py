@@ -81,9 +81,12 @@ def device_weight_bytes(rank: dict) -> int:
 
 
 def compare(result: dict, reference: dict) -> dict:
-    """Greedy-token agreement and the largest logit difference against the reference run."""
-    same = bool(torch.equal(result["tokens"], reference["tokens"]))
-    return {"tokens_equal": same, "max_logit_diff": float((result["logits"] - reference["logits"]).abs().max())}
+    """Greedy-token agreement (and for how many leading positions) and the largest logit difference."""
+    a, b = result["tokens"], reference["tokens"]
+    n = min(a.shape[1], b.shape[1])
+    same_cols = (a[:, :n] == b[:, :n]).all(0).long()
+    return {"tokens_equal": bool(torch.equal(a, b)), "agree_positions": int(same_cols.cumprod(0).sum()),
+            "max_logit_diff": float((result["logits"] - reference["logits"]).abs().max())}
 
 
 def strategy_sweep(bk, model_path, tp_degrees, batch_sizes, encode, max_new_tokens: int, requests=ALL_REQUESTS,
