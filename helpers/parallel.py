@@ -513,7 +513,10 @@ class ParallelModel(NeuronModel):
 
     def _build_graphs(self):
         self.graphs, self.build_report = {}, []
-        for kind, sizes in (("context", self.context_buckets), ("token", self.token_buckets)):
+        kinds = [("context", self.context_buckets), ("token", self.token_buckets)]
+        if self.speculation_length:  # enable_speculative_decoder(k) was called: a k+1-token scoring graph
+            kinds.append(("speculative", self.token_buckets))
+        for kind, sizes in kinds:
             for b in sizes:
                 self.graphs[(kind, b)] = functools.partial(self._remote_step, kind, b)
                 self.build_report.append({"graph": f"{kind}[{b}]", "seconds": 0.0})
@@ -521,6 +524,12 @@ class ParallelModel(NeuronModel):
     def _remote_step(self, kind, bucket, tokens, rope_pos, slots, kv_len, mask, logit_idx):
         payload = (tokens.cpu(), rope_pos.cpu(), slots.cpu(), kv_len, mask.cpu(), logit_idx.cpu())
         return self._ranks.call("forward", payload)[0].to(self.device)
+
+    def enable_speculative_decoder(self, speculation_length: int) -> None:
+        if self._ranks is not None:
+            raise RuntimeError("enable_speculative_decoder(k) must be called before to_neuron(): the "
+                               "speculative graph is compiled with the others (transformers-neuronx: same rule)")
+        super().enable_speculative_decoder(speculation_length)
 
     def _require_built(self):
         if self._ranks is None:

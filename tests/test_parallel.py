@@ -69,6 +69,24 @@ def test_tiny_parity_per_layout(tiny, tp, gqa, mode, kv_cache_shape):
         assert len(model.rank_kv_bytes) == tp and model.stats["new_tokens"] == 16 - 7
 
 
+def test_tiny_speculative_graph_at_tp2(tiny):
+    """The k+1-token scoring graph of speculative decoding runs sharded too (same logits as tp=1)."""
+    path, ids, ref_tokens, _ = tiny
+    draft = ref_tokens[:, 7:11]  # 4 tokens after the prompt: the last accepted one + k=3 drafts
+    ref = helpers.NeuronModel.from_pretrained(path, batch_size=4, n_positions=64)
+    ref.enable_speculative_decoder(3)
+    ref.to_neuron().forward(ids)
+    want = ref.speculative_forward(draft, torch.arange(7, 11))
+    model = ParallelModel.from_pretrained(path, tp_degree=2, batch_size=4, n_positions=64)
+    model.enable_speculative_decoder(3)
+    with model.to_neuron():
+        model.forward(ids)
+        got = model.speculative_forward(draft, torch.arange(7, 11))
+        with pytest.raises(RuntimeError, match="before to_neuron"):
+            model.enable_speculative_decoder(3)
+    assert got.shape == want.shape == (4, 4, 256) and (got - want).abs().max() < LOGIT_ATOL
+
+
 @pytest.mark.parametrize("tp, batch, gqa", [(2, 2, None), (3, 3, "shard-over-batch")])
 def test_smollm2_parity(tp, batch, gqa):
     tok = helpers.load_tokenizer()
