@@ -91,8 +91,8 @@ class RankWeights:
 def shard_state(state: dict, args: ModelArgs, dtype: torch.dtype, rank: int = 0, tp: int = 1,
                 gqa: GQA | None = None) -> RankWeights:
     """Fuse and cast the checkpoint's tensors for one rank. tp=1 here; ``helpers.parallel`` shards."""
-    if tp != 1:
-        from .parallel import shard_state_tp  # tensor-parallel sharding with head padding
+    if tp != 1 or gqa is not None:
+        from .parallel import shard_state_tp  # tensor-parallel sharding with head padding / KV replication
 
         return shard_state_tp(state, args, dtype, rank, tp, gqa)
     p = "model."
@@ -153,28 +153,43 @@ class Transformer:
             return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
         return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=self.w.n_q != self.w.n_kv)
 
+    def qkv(self, L: LayerWeights, h):
+        """Column-parallel fused projection -> q, k, v, each [B, T, heads * head_dim] of this rank."""
+        nq, nkv = self.w.n_q * self.args.head_dim, self.w.n_kv * self.args.head_dim
+        qkv = self.linear(h, L.wqkv, L.bqkv)
+        return qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
+
+    def attend_heads(self, i: int, q, k, v, cos, sin, slots, kv_len: int, attn_mask):
+        """RoPE, write K/V at ``slots`` of layer i's cache, attend over [0, kv_len) -> [B, T, n_q * head_dim]."""
+        B, T, _ = q.shape
+        D = self.args.head_dim
+        q = q.reshape(B, T, -1, D).transpose(1, 2)
+        k = k.reshape(B, T, -1, D).transpose(1, 2)
+        v = v.reshape(B, T, -1, D).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        self.k_cache[i].index_copy_(2, slots, k)
+        self.v_cache[i].index_copy_(2, slots, v)
+        o = self.attention(q, self.k_cache[i, :, :, :kv_len], self.v_cache[i, :, :, :kv_len], attn_mask)
+        return o.transpose(1, 2).reshape(B, T, -1)
+
+    def attend(self, i: int, L: LayerWeights, h, cos, sin, slots, kv_len: int, attn_mask):
+        """Layer i's attention on this rank: [B, T, hidden] -> the input of the row-parallel o_proj.
+        Seam: ``helpers.parallel`` overrides it for SHARD_OVER_BATCH / ALL_GATHER_HEADS layouts."""
+        q, k, v = self.qkv(L, h)
+        return self.attend_heads(i, q, k, v, cos, sin, slots, kv_len, attn_mask)
+
     @torch.inference_mode()
     def forward(self, tokens, rope_pos, slots, kv_len: int, mask, logit_idx=None):
         a, w = self.args, self.w
         B, T = tokens.shape
-        D = a.head_dim
         x = F.embedding(tokens, w.embed)
         cos = self.cos[rope_pos].unsqueeze(1)  # [B,1,T,D]
         sin = self.sin[rope_pos].unsqueeze(1)
         attn_mask = mask.unsqueeze(1)
-        nq, nkv = w.n_q * D, w.n_kv * D
         for i, L in enumerate(w.layers):
             h = rms_norm(x, L.ln1, a.rms_norm_eps)
-            qkv = self.linear(h, L.wqkv, L.bqkv)
-            q = qkv[..., :nq].view(B, T, w.n_q, D).transpose(1, 2)
-            k = qkv[..., nq:nq + nkv].view(B, T, w.n_kv, D).transpose(1, 2)
-            v = qkv[..., nq + nkv:].view(B, T, w.n_kv, D).transpose(1, 2)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
-            self.k_cache[i].index_copy_(2, slots, k)
-            self.v_cache[i].index_copy_(2, slots, v)
-            o = self.attention(q, self.k_cache[i, :, :, :kv_len], self.v_cache[i, :, :, :kv_len], attn_mask)
-            o = self.linear(o.transpose(1, 2).reshape(B, T, nq), L.wo)
+            o = self.linear(self.attend(i, L, h, cos, sin, slots, kv_len, attn_mask), L.wo)
             x = x + self.comm.all_reduce(o) + (L.bo if L.bo is not None else 0)
             h = rms_norm(x, L.ln2, a.rms_norm_eps)
             gu = self.linear(h, L.w13)
@@ -304,6 +319,11 @@ class NeuronModel:
             ts += [t for t in (L.wqkv, L.wo, L.w13, L.w2, L.ln1, L.ln2, L.bqkv, L.bo) if t is not None]
         total = sum(t.numel() * t.element_size() for t in ts)
         return total + sum(t.numel() * t.element_size() for t in w.extra.values() if torch.is_tensor(t))
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the preallocated K and V caches (this rank)."""
+        return self._require_built().kv_cache_bytes()
 
     def _require_built(self) -> Transformer:
         if self.model is None:
