@@ -264,6 +264,9 @@ class NeuronModel:
         if self.neuron_config.quant is not None:
             from .quant import check_quant_config
             check_quant_config(self.neuron_config.quant, self.amp)
+            if self.tp_degree != 1:
+                raise ValueError("int8 weight storage runs at tp_degree=1 in the reference engine: set tp_degree=1 "
+                                 "or drop neuron_config.quant")
 
     # -- build ----------------------------------------------------------------------------------
     def to_neuron(self) -> "NeuronModel":
@@ -317,8 +320,8 @@ class NeuronModel:
         ts = [w.embed, w.norm] + ([] if w.lm_head is w.embed else [w.lm_head])
         for L in w.layers:
             ts += [t for t in (L.wqkv, L.wo, L.w13, L.w2, L.ln1, L.ln2, L.bqkv, L.bo) if t is not None]
-        total = sum(t.numel() * t.element_size() for t in ts)
-        return total + sum(t.numel() * t.element_size() for t in w.extra.values() if torch.is_tensor(t))
+        total = sum(t.nbytes for t in ts)  # int8 storage: helpers.quant.QuantWeight.nbytes (values + scales)
+        return total + sum(t.nbytes for t in w.extra.values() if torch.is_tensor(t))
 
     @property
     def kv_cache_bytes(self) -> int:
