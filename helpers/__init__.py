@@ -13,7 +13,8 @@ from .metrics import write_metrics
 from .model_store import load_hf_model, load_tokenizer, resolve_model_path
 
 __all__ = [
-    "Backend", "build_model", "resolve_backend", "run_neuron_cell", "run_reference_cell", "GQA", "NeuronConfig",
+    "build_model",
+    "Backend", "resolve_backend", "run_neuron_cell", "run_reference_cell", "GQA", "NeuronConfig",
     "LlamaForSampling", "MistralForSampling", "NeuronAutoModelForCausalLM", "NeuronModel",
     "write_metrics", "load_hf_model", "load_tokenizer", "resolve_model_path",
 ]
