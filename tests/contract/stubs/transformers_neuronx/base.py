@@ -142,5 +142,13 @@ class NeuronModelBase:
         if not self._compiled:
             raise contract.ContractError(f"{what} before to_neuron(): the model has no compiled graphs yet")
 
+    def _check_padding(self, input_ids, start_ids):
+        pad = self.config.get("pad_token_id")
+        if start_ids is None and pad is not None and input_ids.shape[0] > 1 and bool((input_ids[:, 0] == pad).any()):
+            # sample() only learns where each row starts from start_ids: without them the left padding is
+            # attended to and shifts the positions of the real tokens.
+            raise contract.ContractError("a left-padded batch (rows start with pad_token_id) without start_ids: pass "
+                                         "start_ids=(attention_mask == 0).sum(dim=1)")
+
     def _logits(self, input_ids):
         return torch.zeros(input_ids.shape[0], self.vocab_size)

@@ -72,6 +72,8 @@ class HuggingFaceGenerationAdapter:
         if self.neuron_config.padding_side == "right" and bool((mask[:, 1:] > mask[:, :-1]).any()):
             raise contract.ContractError("left-padded attention_mask but NeuronConfig(padding_side='right') (the NxDI "
                                          "default): pad on the right or set padding_side='left'")
+        if self.neuron_config.padding_side == "left" and bool((mask[:, 1:] < mask[:, :-1]).any()):
+            raise contract.ContractError("right-padded attention_mask but NeuronConfig(padding_side='left')")
         batch, length = input_ids.shape
         if batch != self.neuron_config.batch_size:
             raise ValueError(f"Input batch_size={batch} exceeds the compiled batch_size={self.neuron_config.batch_size}")

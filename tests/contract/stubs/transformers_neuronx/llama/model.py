@@ -36,6 +36,7 @@ class LlamaForSampling(base.NeuronModelBase):
         if batch_size not in self.batch_sizes:
             raise ValueError(f"Model not compiled for batch_size : {batch_size}. Acceptable batch_size is one of the "
                              f"following {self.batch_sizes}")
+        self._check_padding(input_ids, start_ids)
         contract.record("tnx.LlamaForSampling.sample", sequence_length=sequence_length, top_k=top_k)
         eos = self.eos_token_id if eos_token_override is None else eos_token_override
         return sampling.sample_llama(self, input_ids, start_ids, sequence_length, eos_token_id=eos, top_k=top_k,

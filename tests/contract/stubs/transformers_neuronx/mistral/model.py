@@ -31,6 +31,7 @@ class MistralForSampling(base.NeuronModelBase):
     def sample(self, input_ids, sequence_length, start_ids=None, top_k=50, top_p=1.0, eos_token_override=None,
                temperature=1.0, streamer=None, stopping_criteria_list=None):
         self._require_compiled("sample()")
+        self._check_padding(input_ids, start_ids)
         contract.record("tnx.MistralForSampling.sample", sequence_length=sequence_length, top_k=top_k)
         eos = self.eos_token_id if eos_token_override is None else eos_token_override
         return sampling.sample_llama(self, input_ids, start_ids, sequence_length, eos_token_id=eos, top_k=top_k,
