@@ -447,22 +447,36 @@ class _TimingStreamer:
             self.inner.end()
 
 
-class _TnxCriteria:
+class _RowStops:
+    """Calls the user's stopping criteria and records, per row, how many new tokens it had when a
+    criterion first fired (the reference engine stops rows one by one; the libraries do not)."""
+
+    def __init__(self, criteria, prompt_len: int, batch: int):
+        self.criteria, self.prompt_len = criteria, prompt_len
+        self.stop_at = [None] * batch
+
+    def __call__(self, ids, scores, **kwargs) -> torch.Tensor:
+        flags = torch.as_tensor(self.criteria(ids, scores), dtype=torch.bool).reshape(-1).cpu()
+        flags = flags.expand(len(self.stop_at)) if flags.numel() == 1 else flags
+        for r, hit in enumerate(flags.tolist()):
+            if hit and self.stop_at[r] is None:
+                self.stop_at[r] = ids.shape[1] - self.prompt_len
+        return torch.tensor([s is not None for s in self.stop_at])
+
+
+class _TnxCriteria(_RowStops):
     """transformers-neuronx calls ``stopping_criteria_list(input_ids, probs)`` with the *prompt* and
     breaks when the result is truthy (sampling.py sample_loop_llama; aws-neuron/transformers-neuronx#75).
-    Call the user's criteria with prompt + tokens generated so far, OR per-row flags over time and
-    stop when every row is done: the same meaning as the reference engine."""
+    Call the user's criteria with prompt + tokens generated so far and stop when every row is done:
+    the same meaning as the reference engine."""
 
     def __init__(self, criteria, prompt: torch.Tensor, tracker: _TimingStreamer):
-        self.criteria, self.prompt, self.tracker = criteria, prompt, tracker
-        self.done = torch.zeros(prompt.shape[0], dtype=torch.bool)
+        super().__init__(criteria, prompt.shape[1], prompt.shape[0])
+        self.prompt, self.tracker = prompt, tracker
 
     def __call__(self, input_ids, scores, **kwargs) -> bool:
         ids = torch.cat([self.prompt, *self.tracker.tokens], dim=1)
-        flags = self.criteria(ids, scores)
-        flags = torch.as_tensor(flags, dtype=torch.bool).reshape(-1).cpu()
-        self.done |= flags.expand(self.done.shape[0]) if flags.numel() == 1 else flags
-        return bool(self.done.all())
+        return bool(super().__call__(ids, scores).all())
 
 
 class NeuronSampler:
@@ -478,42 +492,45 @@ class NeuronSampler:
 
     def sample(self, input_ids, sequence_length: int, start_ids=None, top_k: int = 50, top_p: float = 1.0,
                temperature: float = 1.0, streamer=None, stopping_criteria_list=None, eos_token_override=None,
-               attention_mask=None, generator: torch.Generator | None = None, pad_token_id: int | None = None):
+               attention_mask=None, generator: torch.Generator | None = None, pad_token_id: int | None = None,
+               output_logits: bool = False):
         """Prompt + generated ids [B, <= sequence_length]. Greedy is ``top_k=1``.
 
-        ``generator``: both libraries sample with the global torch RNG on the host, so it is seeded
-        with ``generator.initial_seed()``. On NxD Inference the streamer receives every token only
-        after ``generate`` returns (its adapter drives no per-token streamer: utils/hf_adapter.py
-        ``_sample``), so ``stats['ttft_s']`` is None there.
+        As the reference engine: rows that finish (EOS, or a stopping criterion flagging the row) are
+        padded with ``pad_token_id``; ``stats['row_new_tokens']`` counts each row's tokens up to and
+        including its stop. ``generator``: both libraries sample with the global torch RNG on the host,
+        so it is seeded with ``generator.initial_seed()``. On NxD Inference the streamer receives every
+        token only after ``generate`` returns (its adapter drives no per-token streamer:
+        utils/hf_adapter.py ``_sample``), so ``stats['ttft_s']`` is None there.
         """
+        if output_logits:
+            raise ValueError("output_logits is a reference-engine option: the Neuron sample loops do not return "
+                             "logits (use the reference backend to inspect them)")
         input_ids = torch.as_tensor(input_ids)
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
-        if input_ids.shape[0] != self.batch_size:
-            raise ValueError(f"The model was compiled for batch_size={self.batch_size}, got {input_ids.shape[0]} rows")
+        B, L = input_ids.shape
+        if B != self.batch_size:
+            raise ValueError(f"The model was compiled for batch_size={self.batch_size}, got {B} rows")
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
             if start_ids is not None:
-                attention_mask = (torch.arange(input_ids.shape[1])[None] >= torch.as_tensor(start_ids)[:, None]).long()
+                attention_mask = (torch.arange(L)[None] >= torch.as_tensor(start_ids).reshape(-1, 1)).long()
         if generator is not None:
             torch.manual_seed(generator.initial_seed())
         eos = self.eos_ids if eos_token_override is None else (
             [eos_token_override] if isinstance(eos_token_override, int) else list(eos_token_override))
-        pad = pad_token_id if pad_token_id is not None else (self.hf_config.get("pad_token_id")
-                                                             if self.hf_config.get("pad_token_id") is not None
-                                                             else (eos[0] if eos else 0))
+        cfg_pad = self.hf_config.get("pad_token_id")
+        pad = pad_token_id if pad_token_id is not None else (cfg_pad if cfg_pad is not None else (eos[0] if eos else 0))
         t0 = time.perf_counter()
-        if self.stack == "tnx":
-            seq, tracker = self._sample_tnx(input_ids, sequence_length, attention_mask, top_k, top_p, temperature,
-                                            streamer, stopping_criteria_list, eos, pad, t0)
-        else:
-            seq, tracker = self._sample_nxdi(input_ids, sequence_length, attention_mask, top_k, top_p, temperature,
-                                             streamer, stopping_criteria_list, eos, pad, t0)
+        run = self._sample_tnx if self.stack == "tnx" else self._sample_nxdi
+        seq, tracker, stops = run(input_ids, sequence_length, attention_mask, top_k, top_p, temperature, streamer,
+                                  stopping_criteria_list, eos, pad, t0)
         total = time.perf_counter() - t0
-        seq = _pad_after_eos(seq, input_ids.shape[1], eos, pad)
-        self.stats = {"prompt_len": input_ids.shape[1], "new_tokens": seq.shape[1] - input_ids.shape[1],
-                      "ttft_s": tracker.times[0] if tracker and tracker.times else None,
-                      "token_times_s": list(tracker.times) if tracker else [], "total_s": total}
+        seq, row_new = finish_rows(seq, L, eos, stops.stop_at if stops else [None] * B, pad)
+        self.stats = {"prompt_len": L, "new_tokens": seq.shape[1] - L, "row_new_tokens": row_new,
+                      "ttft_s": tracker.times[0] if tracker.times else None,
+                      "token_times_s": list(tracker.times), "total_s": total, "pad_token_id": pad}
         return seq
 
     def _sample_tnx(self, input_ids, sequence_length, attention_mask, top_k, top_p, temperature, streamer,
@@ -524,38 +541,41 @@ class NeuronSampler:
             from transformers_neuronx.speculation import SpeculativeGenerator
 
             # Greedy draft + rejection sampling (speculation.py). Its streamer gets the prompt first, then
-            # [B, k] blocks: our tracker sees the real stream; criteria are not supported there.
+            # [B, k] blocks; stopping criteria are not part of that loop.
             if criteria is not None:
                 raise ValueError("stopping criteria are not supported by transformers-neuronx speculative sampling")
             gen = SpeculativeGenerator(self.draft, self.model, k=self.settings.speculation_length)
             seq = gen.sample(input_ids, sequence_length, start_ids=start_ids, eos_token_id=eos[0] if eos else None,
                              pad_token_id=pad, attention_mask=attention_mask, streamer=tracker)
             tracker.times = tracker.times[1:]  # the first put is the prompt
-            return seq, tracker
+            return seq, tracker, None
         kwargs = dict(start_ids=start_ids, top_k=int(top_k), top_p=float(top_p),
                       temperature=float(temperature),  # an int temperature raises in sampling.py
-                      streamer=tracker, eos_token_override=eos if eos else None)
+                      streamer=tracker)
+        if self.eos_ids != eos:
+            kwargs["eos_token_override"] = eos if eos else -1  # -1: no EOS stop (never sampled)
+        stops = None
         if criteria is not None:
-            kwargs["stopping_criteria_list"] = _TnxCriteria(criteria, input_ids, tracker)
-        return self.model.sample(input_ids, sequence_length, **kwargs), tracker
+            stops = kwargs["stopping_criteria_list"] = _TnxCriteria(criteria, input_ids, tracker)
+        return self.model.sample(input_ids, sequence_length, **kwargs), tracker, stops
 
     def _sample_nxdi(self, input_ids, sequence_length, attention_mask, top_k, top_p, temperature, streamer,
                      criteria, eos, pad, t0):
         from transformers import GenerationConfig, StoppingCriteriaList
 
         ids, mask = left_to_right_padding(input_ids, attention_mask, pad)
+        common = dict(max_length=sequence_length, eos_token_id=eos or None, pad_token_id=pad)
         if int(top_k) == 1 or self.draft is not None:
-            gen_cfg = GenerationConfig(do_sample=False, max_length=sequence_length, eos_token_id=eos or None,
-                                       pad_token_id=pad)
+            gen_cfg = GenerationConfig(do_sample=False, **common)
         else:
             gen_cfg = GenerationConfig(do_sample=True, top_k=int(top_k), top_p=float(top_p),
-                                       temperature=float(temperature), max_length=sequence_length,
-                                       eos_token_id=eos or None, pad_token_id=pad)
+                                       temperature=float(temperature), **common)
         kwargs = {"attention_mask": mask, "generation_config": gen_cfg}
+        stops = None
         if criteria is not None:
-            # Called as criteria(ids_so_far, None): NxDI passes no scores (hf_adapter.py _sample).
-            kwargs["stopping_criteria"] = StoppingCriteriaList(list(criteria) if isinstance(criteria, (list, tuple))
-                                                               else [criteria])
+            # NxDI calls each criterion as criterion(ids_so_far, None): no scores (hf_adapter.py _sample).
+            stops = _RowStops(criteria, ids.shape[1], ids.shape[0])
+            kwargs["stopping_criteria"] = StoppingCriteriaList([stops])
         if self.draft is not None:
             # Unfused speculation as utils/accuracy.py get_generate_outputs_from_token_ids does it.
             self.draft.generation_config.update(num_assistant_tokens=self.settings.speculation_length)
@@ -567,18 +587,24 @@ class NeuronSampler:
             tracker.put(new[:, j:j + 1])
         tracker.end()
         tracker.times = []
-        return torch.cat([input_ids, new], dim=1), tracker
+        return torch.cat([input_ids, new], dim=1), tracker, stops
 
 
-def _pad_after_eos(seq: torch.Tensor, prompt_len: int, eos: list[int], pad: int) -> torch.Tensor:
-    """Tokens after a row's first EOS become ``pad`` (transformers-neuronx repeats EOS, HF pads)."""
-    if not eos or seq.shape[1] == prompt_len:
-        return seq
+def finish_rows(seq: torch.Tensor, prompt_len: int, eos: list[int], stop_at: list, pad: int):
+    """Per row: new tokens up to and including its first EOS or the step a criterion fired; the rest
+    become ``pad`` (transformers-neuronx keeps sampling finished rows until all are done)."""
     gen = seq[:, prompt_len:].clone()
-    hit = torch.isin(gen, torch.tensor(eos))
-    after = (hit.long().cumsum(dim=1) - hit.long()) > 0
-    gen[after] = pad
-    return torch.cat([seq[:, :prompt_len], gen], dim=1)
+    counts = []
+    for r in range(gen.shape[0]):
+        n = gen.shape[1]
+        hits = torch.isin(gen[r], torch.tensor(eos, dtype=gen.dtype)).nonzero() if eos else []
+        if len(hits):
+            n = min(n, int(hits[0]) + 1)
+        if stop_at[r] is not None:
+            n = min(n, int(stop_at[r]))
+        gen[r, n:] = pad
+        counts.append(n)
+    return torch.cat([seq[:, :prompt_len], gen], dim=1), counts
 
 
 # ------------------------------------------------------------------------------ runtime hygiene

@@ -116,9 +116,11 @@ def test_left_to_right_padding_and_start_ids():
         neuron.start_ids_from_mask(torch.tensor([[1, 0]]))
 
 
-def test_pad_after_eos():
-    seq = torch.tensor([[1, 2, 5, 2, 2], [1, 2, 5, 6, 7]])
-    assert neuron._pad_after_eos(seq, 2, [2], 0).tolist() == [[1, 2, 5, 2, 0], [1, 2, 5, 6, 7]]
+def test_finish_rows_pads_after_eos_or_criterion():
+    seq = torch.tensor([[1, 2, 5, 2, 2, 2], [1, 2, 5, 6, 7, 8], [1, 2, 5, 6, 7, 8]])
+    out, counts = neuron.finish_rows(seq, 2, [2], [None, 2, None], pad=0)
+    assert out.tolist() == [[1, 2, 5, 2, 0, 0], [1, 2, 5, 6, 0, 0], [1, 2, 5, 6, 7, 8]]
+    assert counts == [2, 2, 4]
 
 
 def test_runtime_env():

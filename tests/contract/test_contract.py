@@ -142,6 +142,20 @@ def test_entry_point_tnx_stopping_criteria_see_generated_ids(contract):
 
     out = model.sample(torch.ones(2, 4, dtype=torch.long), 20, top_k=1, stopping_criteria_list=stop_after_three)
     assert seen[0] == 5 and out.shape[1] == 7  # prompt + generated so far, not the prompt alone
+    assert model.stats["row_new_tokens"] == [3, 3]
+
+
+@pytest.mark.parametrize("stack", harness.STACKS)
+def test_entry_point_rows_stop_one_by_one(stack, contract):
+    model = _build(stack, batch_size=2, n_positions=128, tp_degree=1)
+
+    def stop_row0(ids, scores):
+        return torch.tensor([ids.shape[1] >= 6, ids.shape[1] >= 9])
+
+    out = model.sample(torch.ones(2, 4, dtype=torch.long), 20, top_k=1, stopping_criteria_list=stop_row0,
+                       pad_token_id=0)
+    assert model.stats["row_new_tokens"] == [2, 5] and out.shape == (2, 9)
+    assert out[0, 6:].tolist() == [0, 0, 0] and (out[1, 4:] != 0).all()
 
 
 def test_entry_point_refuses_mistral_on_nxdi(contract, tmp_path):
