@@ -251,6 +251,7 @@ class NeuronModel:
         self.n_positions = self.token_buckets[-1]
         self._validate()
         self.model: Transformer | None = None
+        self.speculation_length = 0
         self.build_report: list[dict] = []
         self.stats: dict = {}
 
@@ -315,7 +316,10 @@ class NeuronModel:
         fwd = self.model.forward
         if self.neuron_config.compiled:
             fwd = torch.compile(self.model.forward, dynamic=False, fullgraph=False)
-        for kind, sizes in (("context", self.context_buckets), ("token", self.token_buckets)):
+        kinds = [("context", self.context_buckets), ("token", self.token_buckets)]
+        if self.speculation_length:
+            kinds.append(("speculative", self.token_buckets))
+        for kind, sizes in kinds:
             for b in sizes:
                 self.graphs[(kind, b)] = fwd
                 self.build_report.append({"graph": f"{kind}[{b}]", "seconds": 0.0})
@@ -340,7 +344,8 @@ class NeuronModel:
             torch.cuda.synchronize()
 
     def _step(self, tokens, start_ids, first_slot: int, kind: str):
-        """Run ``tokens`` [B,T] at cache slots first_slot.. ; return logits of the last position [B,V]."""
+        """Run ``tokens`` [B,T] at cache slots first_slot.. ; return logits of the last position [B,V]
+        (kind "speculative": of every position, [B,T,V])."""
         B, T = tokens.shape
         last = first_slot + T
         if kind == "context":
@@ -355,10 +360,13 @@ class NeuronModel:
         slots = torch.arange(first_slot, first_slot + width, device=self.device)
         rope_pos = (slots[None, :] - start_ids[:, None]).clamp_(min=0)
         mask = build_mask(slots, start_ids, kv_len, self.args.sliding_window)
-        idx = torch.full((B, 1), T - 1, device=self.device)
+        if kind == "speculative":
+            idx = torch.arange(T, device=self.device).expand(B, T)
+        else:
+            idx = torch.full((B, 1), T - 1, device=self.device)
         logits = self.graphs[(kind, width if kind == "context" else kv_len)](
             tokens, rope_pos, slots, kv_len, mask, idx)
-        return logits[:, -1]
+        return logits if kind == "speculative" else logits[:, -1]
 
     def _encode_prompt(self, input_ids, start_ids):
         """Context encoding up to the largest context bucket, then token by token (as transformers-neuronx)."""
@@ -382,6 +390,34 @@ class NeuronModel:
             return self._encode_prompt(input_ids, start)
         return self._step(input_ids, start, first, "token")
 
+    def enable_speculative_decoder(self, speculation_length: int) -> None:
+        """Build a verification graph that scores ``speculation_length + 1`` tokens in one forward
+        (the last accepted token + k draft tokens). As on Neuron, call it before ``to_neuron()``."""
+        if self.model is not None:
+            raise RuntimeError("enable_speculative_decoder(k) must be called before to_neuron(): the "
+                               "speculative graph is compiled with the others (transformers-neuronx: same rule)")
+        if int(speculation_length) < 1:
+            raise ValueError(f"speculation_length={speculation_length}: must be >= 1")
+        if int(speculation_length) + 1 > self.token_buckets[-1]:
+            raise ValueError(f"speculation_length={speculation_length} does not fit n_positions={self.n_positions}")
+        self.speculation_length = int(speculation_length)
+
+    @torch.inference_mode()
+    def speculative_forward(self, input_ids, cache_ids, start_ids=None):
+        """Logits [B, T, vocab] for every position of ``input_ids`` [B, T] written at ``cache_ids``
+        (T = speculation_length + 1: one fixed-shape graph per token bucket)."""
+        self._require_built()
+        if not self.speculation_length:
+            raise RuntimeError("call enable_speculative_decoder(k) before to_neuron() to build the speculative graph")
+        T = input_ids.shape[1]
+        if T != self.speculation_length + 1:
+            raise ValueError(f"the speculative graph takes {self.speculation_length + 1} tokens, got {T}")
+        first = int(torch.as_tensor(cache_ids).reshape(-1)[0])
+        if first + T > self.n_positions:
+            raise ValueError(f"positions {first}..{first + T - 1} exceed n_positions={self.n_positions}")
+        input_ids = input_ids.to(self.device)
+        return self._step(input_ids, self._start_ids(input_ids, start_ids, None), first, "speculative")
+
     def _start_ids(self, input_ids, start_ids, attention_mask):
         B = input_ids.shape[0]
         if start_ids is None and attention_mask is not None:
@@ -399,12 +435,14 @@ class NeuronModel:
     def sample(self, input_ids, sequence_length: int, start_ids=None, top_k: int = 50, top_p: float = 1.0,
                temperature: float = 1.0, streamer=None, stopping_criteria_list=None,
                eos_token_override=None, attention_mask=None, generator: torch.Generator | None = None,
-               pad_token_id: int | None = None):
+               pad_token_id: int | None = None, output_logits: bool = False):
         """transformers-neuronx ``sample``: returns [B, prompt + generated] token ids.
 
         Greedy is ``top_k=1``. ``streamer.put`` receives a (B, 1) tensor per new token and ``end()``
         once; the prompt is never put. Rows that finish (EOS or a stopping criterion that returns a
         per-row bool tensor) are padded with ``pad_token_id`` until every row is done.
+        ``eos_token_override=[]`` disables the EOS stop. ``output_logits=True`` keeps each step's
+        logits in ``self.stats["logits"]`` [B, steps, vocab].
         """
         self._require_built()
         validate_sampling_args(top_k, top_p, temperature)
@@ -434,8 +472,10 @@ class NeuronModel:
         seq = input_ids
         done = torch.zeros(B, dtype=torch.bool, device=self.device)
         row_new_tokens = torch.zeros(B, dtype=torch.long, device=self.device)  # per row, incl. its stop token
-        step_times = []
+        step_times, kept_logits = [], []
         for cur in range(L, sequence_length):
+            if output_logits:
+                kept_logits.append(logits.float().cpu())
             tok = select_next_tokens(logits, top_k, top_p, temperature, generator)
             tok = torch.where(done, torch.full_like(tok, pad), tok)
             row_new_tokens += (~done).long()
@@ -455,7 +495,9 @@ class NeuronModel:
             streamer.end()
         self.stats = {"prompt_len": L, "new_tokens": seq.shape[1] - L, "row_new_tokens": row_new_tokens.tolist(),
                       "ttft_s": step_times[0],
-                      "token_times_s": step_times, "total_s": step_times[-1]}
+                      "token_times_s": step_times, "total_s": step_times[-1], "pad_token_id": pad}
+        if output_logits:
+            self.stats["logits"] = torch.stack(kept_logits, dim=1)
         return seq
 
 
