@@ -100,7 +100,9 @@ class GQA(str, enum.Enum):
 @dataclass
 class NeuronConfig:
     """The subset of transformers-neuronx's ``NeuronConfig`` the reference engine implements,
-    with the same keyword names, plus ``compiled`` (reference only: torch.compile each graph)."""
+    with the same keyword names, plus ``compiled`` (reference only): False = eager graphs,
+    True = torch.compile per bucket, "export" = torch.export programs, "aoti" = AOTInductor
+    packages (the last two can be saved and loaded: helpers/graphs.py)."""
     group_query_attention: str | None = None
     quant: object | None = None
     fuse_qkv: bool = True
@@ -119,6 +121,9 @@ class NeuronConfig:
             except ValueError:
                 raise ValueError(f"group_query_attention={self.group_query_attention!r}: use a GQA member "
                                  f"({', '.join(g.name for g in GQA)}) or its value") from None
+        if self.compiled not in (False, True, "export", "aoti"):
+            raise ValueError(f"compiled={self.compiled!r}: use False (eager), True (torch.compile), 'export' "
+                             "(torch.export, serializable) or 'aoti' (AOTInductor, serializable)")
         if self.padding_side != "left":
             raise ValueError("padding_side must be 'left': the engine takes left-padded batches, as "
                              "transformers-neuronx's sample() does")

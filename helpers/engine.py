@@ -12,8 +12,12 @@ gate/up as Neuron's ``fuse_qkv`` does) and a ``Comm`` for collectives (a no-op a
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import time
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -153,33 +157,48 @@ class Transformer:
             return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
         return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=self.w.n_q != self.w.n_kv)
 
+    def attn_block(self, x, L: LayerWeights, k_cache, v_cache, cos, sin, slots, kv_len: int, attn_mask):
+        """One layer's attention up to its all-reduce: writes this step's K/V into the layer's cache
+        ``[B, n_kv, n_positions, D]`` at ``slots`` and attends over positions ``[0, kv_len)``."""
+        a, w = self.args, self.w
+        B, T, _ = x.shape
+        D = a.head_dim
+        nq, nkv = w.n_q * D, w.n_kv * D
+        h = rms_norm(x, L.ln1, a.rms_norm_eps)
+        qkv = self.linear(h, L.wqkv, L.bqkv)
+        q = qkv[..., :nq].view(B, T, w.n_q, D).transpose(1, 2)
+        k = qkv[..., nq:nq + nkv].view(B, T, w.n_kv, D).transpose(1, 2)
+        v = qkv[..., nq + nkv:].view(B, T, w.n_kv, D).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k_cache.index_copy_(2, slots, k)
+        v_cache.index_copy_(2, slots, v)
+        o = self.attention(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], attn_mask)
+        return self.linear(o.transpose(1, 2).reshape(B, T, nq), L.wo)
+
+    def mlp_block(self, x, L: LayerWeights):
+        """One layer's gated MLP up to its all-reduce."""
+        h = rms_norm(x, L.ln2, self.args.rms_norm_eps)
+        gu = self.linear(h, L.w13)
+        g, u = gu.chunk(2, dim=-1)
+        return self.linear(F.silu(g) * u, L.w2)
+
     @torch.inference_mode()
-    def forward(self, tokens, rope_pos, slots, kv_len: int, mask, logit_idx=None):
+    def forward(self, tokens, rope_pos, slots, kv_len: int, mask, logit_idx=None, blocks=None):
+        """``blocks`` = (attn, mlp) callables with the signatures of ``attn_block`` / ``mlp_block``:
+        the compiled per-bucket graphs of helpers/graphs.py; None = eager. The collectives stay here,
+        between blocks, so a compiled graph never contains one."""
         a, w = self.args, self.w
         B, T = tokens.shape
-        D = a.head_dim
+        attn, mlp = blocks or (self.attn_block, self.mlp_block)
         x = F.embedding(tokens, w.embed)
         cos = self.cos[rope_pos].unsqueeze(1)  # [B,1,T,D]
         sin = self.sin[rope_pos].unsqueeze(1)
         attn_mask = mask.unsqueeze(1)
-        nq, nkv = w.n_q * D, w.n_kv * D
         for i, L in enumerate(w.layers):
-            h = rms_norm(x, L.ln1, a.rms_norm_eps)
-            qkv = self.linear(h, L.wqkv, L.bqkv)
-            q = qkv[..., :nq].view(B, T, w.n_q, D).transpose(1, 2)
-            k = qkv[..., nq:nq + nkv].view(B, T, w.n_kv, D).transpose(1, 2)
-            v = qkv[..., nq + nkv:].view(B, T, w.n_kv, D).transpose(1, 2)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
-            self.k_cache[i].index_copy_(2, slots, k)
-            self.v_cache[i].index_copy_(2, slots, v)
-            o = self.attention(q, self.k_cache[i, :, :, :kv_len], self.v_cache[i, :, :, :kv_len], attn_mask)
-            o = self.linear(o.transpose(1, 2).reshape(B, T, nq), L.wo)
+            o = attn(x, L, self.k_cache[i], self.v_cache[i], cos, sin, slots, kv_len, attn_mask)
             x = x + self.comm.all_reduce(o) + (L.bo if L.bo is not None else 0)
-            h = rms_norm(x, L.ln2, a.rms_norm_eps)
-            gu = self.linear(h, L.w13)
-            g, u = gu.chunk(2, dim=-1)
-            x = x + self.comm.all_reduce(self.linear(F.silu(g) * u, L.w2))
+            x = x + self.comm.all_reduce(mlp(x, L))
         if logit_idx is not None:
             x = x[torch.arange(B, device=x.device)[:, None], logit_idx]
         x = rms_norm(x, w.norm, a.rms_norm_eps)
@@ -207,24 +226,41 @@ class NeuronModel:
     """
 
     ARGS = ("batch_size", "n_positions", "tp_degree", "amp", "context_length_estimate",
-            "neuron_config", "device")
+            "neuron_config", "device", "nxdi_bucketing")
 
     def __init__(self, model_path=None, *, batch_size: int = 1, n_positions=2048, tp_degree: int = 1,
                  amp: str = "f32", context_length_estimate=None, neuron_config: NeuronConfig | None = None,
-                 device: str = "cpu"):
+                 device: str = "cpu", nxdi_bucketing: bk.NxDIBucketing | None = None):
         self.model_path = resolve_model_path(model_path)
-        self.args = ModelArgs.from_hf(load_config(self.model_path))
+        hf_config = load_config(self.model_path)
+        self.args = ModelArgs.from_hf(hf_config)
+        # save(dir, sharded_weights=True) marks its config.json so (as transformers-neuronx's
+        # from_pretrained) the weights load presharded, without fusing / casting / sharding again
+        self.presharded = bool(hf_config.get("is_presharded_checkpoint", False))
         self.batch_size, self.tp_degree, self.amp = int(batch_size), int(tp_degree), amp
         self.dtype = amp_dtype(amp)
         self.device = torch.device(device)
         self.neuron_config = neuron_config or NeuronConfig()
-        self.token_buckets = bk.tnx_token_buckets(n_positions)
-        self.context_buckets = bk.tnx_context_buckets(context_length_estimate, self.token_buckets)
+        self.nxdi_bucketing = nxdi_bucketing
+        if nxdi_bucketing is None:  # transformers-neuronx rules
+            self.token_buckets = bk.tnx_token_buckets(n_positions)
+            self.context_buckets = bk.tnx_context_buckets(context_length_estimate, self.token_buckets)
+        else:  # NxD Inference rules: n_positions is its seq_len (max_length)
+            if context_length_estimate is not None or not isinstance(n_positions, int):
+                raise ValueError("With nxdi_bucketing, n_positions is NxDI's seq_len (an int) and the buckets "
+                                 "come from NxDIBucketing(context_encoding_buckets=, token_generation_buckets=): "
+                                 "drop context_length_estimate / the n_positions list")
+            self.context_buckets, self.token_buckets = nxdi_bucketing.buckets(n_positions)
         self.n_positions = self.token_buckets[-1]
+        self.settings = {"batch_size": self.batch_size, "n_positions": n_positions, "tp_degree": self.tp_degree,
+                         "amp": amp, "context_length_estimate": context_length_estimate,
+                         "nxdi_bucketing": None if nxdi_bucketing is None else asdict(nxdi_bucketing)}
         self._validate()
         self.model: Transformer | None = None
         self.build_report: list[dict] = []
         self.stats: dict = {}
+        self._artifacts_dir = None  # set by load(dir): to_neuron() then loads graphs instead of building
+        self._workdir = None
 
     @classmethod
     def from_pretrained(cls, model_path=None, **kwargs) -> "NeuronModel":
@@ -240,6 +276,14 @@ class NeuronModel:
         if any(b < 1 for b in self.token_buckets + self.context_buckets):
             raise ValueError(f"buckets must be positive: n_positions -> {self.token_buckets}, "
                              f"context_length_estimate -> {self.context_buckets}")
+        if self.context_buckets and self.context_buckets[-1] > self.n_positions:  # tnx module.py _sanity_check
+            raise ValueError(f"Max context_length_estimate {self.context_buckets[-1]} cannot be more than max "
+                             f"n_positions {self.n_positions}: lower context_length_estimate")
+        if self.presharded and not self.neuron_config.on_device_embedding:  # tnx base.py
+            raise ValueError("on_device_embedding must be True to save and load presharded weights: pass "
+                             "neuron_config=NeuronConfig(on_device_embedding=True)")
+        if self.presharded and self.neuron_config.quant is not None:
+            raise ValueError("Presharded weights are stored unquantized: load them without neuron_config.quant")
         if self.n_positions > self.args.max_position_embeddings:
             raise ValueError(f"n_positions={self.n_positions} exceeds the model's max_position_embeddings="
                              f"{self.args.max_position_embeddings}: lower n_positions")
@@ -256,9 +300,13 @@ class NeuronModel:
         if self.tp_degree != 1:
             raise ValueError(f"tp_degree={self.tp_degree}: tensor parallelism runs in "
                              "helpers.parallel.ParallelModel (one process per rank)")
-        state = load_state_dict(self.model_path)
-        weights = shard_state(state, self.args, self.dtype, gqa=self.neuron_config.group_query_attention)
-        del state
+        if self.presharded:
+            from .graphs import load_rank_weights
+            weights = load_rank_weights(self.model_path, 0, self._weights_meta(0))
+        else:
+            state = load_state_dict(self.model_path)
+            weights = shard_state(state, self.args, self.dtype, gqa=self.neuron_config.group_query_attention)
+            del state
         weights = self._move(weights)
         self.model = Transformer(self.args, weights, Comm(), self.batch_size, self.n_positions,
                                  self.device, self.dtype)
@@ -281,16 +329,128 @@ class NeuronModel:
         return w
 
     def _build_graphs(self):
-        """One callable per (kind, bucket); compiled with torch.compile when neuron_config.compiled."""
-        self.graphs = {}
-        self.build_report = []
-        fwd = self.model.forward
-        if self.neuron_config.compiled:
-            fwd = torch.compile(self.model.forward, dynamic=False, fullgraph=False)
-        for kind, sizes in (("context", self.context_buckets), ("token", self.token_buckets)):
-            for b in sizes:
-                self.graphs[(kind, b)] = fwd
-                self.build_report.append({"graph": f"{kind}[{b}]", "seconds": 0.0})
+        """One callable per (kind, bucket): eager, or built per bucket as ``neuron_config.compiled`` says
+        (True: torch.compile; "export": torch.export programs; "aoti": AOTInductor packages), or loaded
+        from the directory given to ``load()`` (no compilation). ``build_report`` lists each graph."""
+        from . import graphs as gr
+
+        ctx, tok = self.context_buckets, self.token_buckets
+        mode = self.neuron_config.compiled
+        if self._artifacts_dir is not None:
+            self.graphs, self.build_report = gr.load_graphs(self._artifacts_dir, self.model, self._graph_fields(),
+                                                            self.model.comm.rank, self.batch_size)
+        elif mode in gr.ARTIFACTS:
+            if mode == "aoti":
+                import tempfile
+                self._workdir = tempfile.TemporaryDirectory(prefix="aoti-")
+            self.graphs, self.build_report = gr.build_all(self.model, ctx, tok, self.batch_size, mode,
+                                                          self._workdir and self._workdir.name)
+        elif mode:
+            self.graphs, self.build_report = gr.build_jit(self.model, ctx, tok, self.batch_size)
+        else:
+            self.graphs = {(k, b): self.model.forward for k, bs in (("context", ctx), ("token", tok)) for b in bs}
+            self.build_report = [{"graph": f"{k}{b}.step", "kind": k, "bucket": b, "artifact": "eager",
+                                  "seconds": 0.0} for k, b in self.graphs]
+
+    # -- serialization: transformers-neuronx save/load, NxD Inference compile/load -------------------
+    def _graph_fields(self) -> dict:
+        """What a saved graph depends on; its fingerprint hashes these (helpers/graphs.py)."""
+        a = asdict(self.args)
+        for k in ("hf_config", "eos_token_id", "pad_token_id"):
+            a.pop(k)
+        rope = self.args.hf_config.get("rope_parameters") or self.args.hf_config.get("rope_scaling")
+        arch = hashlib.sha256(json.dumps([a, rope], sort_keys=True, default=str).encode()).hexdigest()[:16]
+        nc = self.neuron_config
+        from .graphs import FORMAT_VERSION, TORCH_VERSION
+        return {"format": FORMAT_VERSION, "torch": TORCH_VERSION,
+                "model": f"{self.args.model_type}, {self.args.n_layers} layers, hidden {self.args.hidden_size}, "
+                         f"sha256 {arch}",
+                "batch_size": self.batch_size, "context_buckets": list(self.context_buckets),
+                "token_buckets": list(self.token_buckets), "tp_degree": self.tp_degree,
+                "rank": 0 if self.model is None else self.model.comm.rank, "dtype": str(self.dtype),
+                "device": self.device.type, "fuse_qkv": nc.fuse_qkv,
+                "group_query_attention": None if nc.group_query_attention is None else str(nc.group_query_attention.value),
+                "quant": None if nc.quant is None else repr(nc.quant)}
+
+    def _weights_meta(self, rank: int) -> dict:
+        gqa = self.neuron_config.group_query_attention
+        return {"tp_degree": self.tp_degree, "rank": rank, "dtype": str(self.dtype),
+                "group_query_attention": None if gqa is None else gqa.value}
+
+    def save(self, directory, sharded_weights: bool = False) -> dict:
+        """transformers-neuronx ``save``: one artifact per graph (+ presharded weights); see helpers/graphs.py."""
+        if sharded_weights and not self.neuron_config.on_device_embedding:  # tnx base.py save()
+            raise ValueError("on_device_embedding must be True to save and load presharded weights: build with "
+                             "NeuronConfig(on_device_embedding=True)")
+        return self._save(directory, sharded_weights)
+
+    def _save(self, directory, sharded_weights: bool) -> dict:
+        from . import graphs as gr
+
+        tr = self._require_built()
+        if sharded_weights and self.neuron_config.quant is not None:
+            raise ValueError("sharded_weights=True stores the unquantized shard; save without it when quant is set")
+        rank, d = tr.comm.rank, Path(directory)
+        manifest = gr.save_graphs(d, self.graphs, self._graph_fields(), rank, self.build_report)
+        files = [d / e["file"] for e in manifest["graphs"]]
+        if rank == 0:
+            settings = {**self.settings, "model_path": str(self.model_path), "neuron_config": {
+                f.name: (getattr(self.neuron_config, f.name) if f.name != "quant" else repr(self.neuron_config.quant))
+                for f in fields(self.neuron_config)}}
+            gqa = settings["neuron_config"]["group_query_attention"]
+            settings["neuron_config"]["group_query_attention"] = None if gqa is None else gqa.value
+            (d / "neuron_config.json").write_text(json.dumps(settings, indent=1, default=str))
+        if sharded_weights:
+            files.append(gr.save_rank_weights(d, tr.w, self._weights_meta(rank), rank))
+            if rank == 0:
+                (d / "config.json").write_text(json.dumps({**self.args.hf_config, "is_presharded_checkpoint": True},
+                                                          indent=1))
+        return {"directory": str(d), "graphs": len(manifest["graphs"]),
+                "bytes": sum(f.stat().st_size for f in files)}
+
+    def load(self, directory) -> "NeuronModel":
+        """transformers-neuronx ``load``: call before ``to_neuron()``, which then loads the saved graphs
+        instead of compiling. Refuses now (before any weight is read) graphs saved for another model,
+        bucket set, tp degree, dtype or torch version."""
+        from .graphs import read_manifest
+
+        if self.model is not None:
+            raise RuntimeError("load() must come before to_neuron() (as in transformers-neuronx): construct the "
+                               "model again, call load(dir), then to_neuron()")
+        read_manifest(directory, self._graph_fields(), 0)  # fingerprints, presence and sha256 of every file
+        self._artifacts_dir = str(directory)
+        return self
+
+    def compile(self, compiled_model_path, save_sharded_checkpoint: bool = False) -> dict:
+        """NxD Inference ``compile(path)``: build the graphs (if not yet) and write config + artifacts
+        (+ ``weights/tp{rank}_sharded_checkpoint.safetensors`` with ``save_sharded_checkpoint``)."""
+        from .graphs import ARTIFACTS
+
+        if self.neuron_config.compiled not in ARTIFACTS:
+            raise ValueError(f"compile() writes ahead-of-time graphs: build with NeuronConfig(compiled='export') or "
+                             f"compiled='aoti' (got compiled={self.neuron_config.compiled!r})")
+        if self.model is None:
+            self.to_neuron()
+        return self._save(compiled_model_path, save_sharded_checkpoint)
+
+    @classmethod
+    def from_compiled(cls, compiled_model_path, model_path=None, device: str = "cpu") -> "NeuronModel":
+        """NxD Inference ``load(path)``: the settings from ``neuron_config.json``, presharded weights if
+        saved (else ``model_path`` or the recorded checkpoint), the saved graphs; no compilation."""
+        d = Path(compiled_model_path)
+        if not (d / "neuron_config.json").is_file():
+            raise FileNotFoundError(f"{d}/neuron_config.json is missing: not a directory written by compile()")
+        s = json.loads((d / "neuron_config.json").read_text())
+        if s["neuron_config"].pop("quant") != "None":
+            raise ValueError("from_compiled() cannot rebuild a quant config from JSON: construct the model with "
+                             "from_pretrained(..., neuron_config=...) and call load(path)")
+        nx = s.pop("nxdi_bucketing")
+        path = d if (d / "config.json").is_file() else (model_path or s["model_path"])
+        s.pop("model_path")
+        nc = NeuronConfig(**s.pop("neuron_config"))
+        m = cls.from_pretrained(path, neuron_config=nc, device=device,
+                                nxdi_bucketing=None if nx is None else bk.NxDIBucketing(**nx), **s)
+        return m.load(d).to_neuron()
 
     @property
     def weight_bytes(self) -> int:
@@ -316,14 +476,14 @@ class NeuronModel:
         B, T = tokens.shape
         last = first_slot + T
         if kind == "context":
-            width = bk.tnx_find(self.context_buckets, T)
+            width = self._select_bucket(kind, T)
             pad = width - T
             if pad:  # pad on the right to the bucket: junk slots are overwritten later, never attended
                 tokens = torch.cat([tokens, tokens.new_zeros(B, pad)], dim=1)
             kv_len = width
         else:
             width = T
-            kv_len = bk.tnx_find(self.token_buckets, last)
+            kv_len = self._select_bucket(kind, last)
         slots = torch.arange(first_slot, first_slot + width, device=self.device)
         rope_pos = (slots[None, :] - start_ids[:, None]).clamp_(min=0)
         mask = build_mask(slots, start_ids, kv_len, self.args.sliding_window)
@@ -331,6 +491,26 @@ class NeuronModel:
         logits = self.graphs[(kind, width if kind == "context" else kv_len)](
             tokens, rope_pos, slots, kv_len, mask, idx)
         return logits[:, -1]
+
+    def _select_bucket(self, kind: str, length: int) -> int:
+        """transformers-neuronx ``bucket.find`` (smallest >= length, else the largest) or NxDI first_fit."""
+        buckets = self.context_buckets if kind == "context" else self.token_buckets
+        if self.nxdi_bucketing is None:
+            return bk.tnx_find(buckets, length)
+        tag = bk.CONTEXT_ENCODING_MODEL_TAG if kind == "context" else bk.TOKEN_GENERATION_MODEL_TAG
+        return bk.nxdi_select(buckets, length, tag, self.nxdi_bucketing.allow_input_truncation)
+
+    def _fit_prompt(self, input_ids, attention_mask=None):
+        """NxDI: a prompt longer than the largest context bucket raises "Input len N exceeds largest bucket
+        (B) ..." or, with allow_input_truncation, is cut to it with NxDI's warning. transformers-neuronx
+        instead encodes up to its largest context bucket and continues token by token (_encode_prompt)."""
+        L = input_ids.shape[1]
+        if self.nxdi_bucketing is None or L <= self.context_buckets[-1]:
+            return input_ids, attention_mask
+        largest = self._select_bucket("context", L)  # raises unless allow_input_truncation
+        warnings.warn(f"Truncating input ({L} tokens) to max_context_length ({largest} tokens). This may cause "
+                      "unexpected outputs.")
+        return input_ids[:, :largest], None if attention_mask is None else attention_mask[:, :largest]
 
     def _encode_prompt(self, input_ids, start_ids):
         """Context encoding up to the largest context bucket, then token by token (as transformers-neuronx)."""
@@ -351,6 +531,7 @@ class NeuronModel:
         start = self._start_ids(input_ids, start_ids, None)
         first = 0 if cache_ids is None else int(cache_ids.reshape(-1)[0])
         if first == 0:
+            input_ids, _ = self._fit_prompt(input_ids)
             return self._encode_prompt(input_ids, start)
         return self._step(input_ids, start, first, "token")
 
@@ -383,6 +564,7 @@ class NeuronModel:
         input_ids = torch.as_tensor(input_ids).to(self.device)
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
+        input_ids, attention_mask = self._fit_prompt(input_ids, attention_mask)
         B, L = input_ids.shape
         if B != self.batch_size:
             raise ValueError(f"The model was built for batch_size={self.batch_size} but got {B} rows: "
