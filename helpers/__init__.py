@@ -6,12 +6,14 @@
 - ``helpers.buckets``: Neuron bucket rules; ``helpers.sampling``: token selection
 """
 from .backend import Backend, resolve_backend, run_neuron_cell, run_reference_cell
+from .build import build_model
 from .config import GQA, NeuronConfig
 from .engine import LlamaForSampling, MistralForSampling, NeuronAutoModelForCausalLM, NeuronModel
 from .metrics import write_metrics
 from .model_store import load_hf_model, load_tokenizer, resolve_model_path
 
 __all__ = [
+    "build_model",
     "Backend", "resolve_backend", "run_neuron_cell", "run_reference_cell", "GQA", "NeuronConfig",
     "LlamaForSampling", "MistralForSampling", "NeuronAutoModelForCausalLM", "NeuronModel",
     "write_metrics", "load_hf_model", "load_tokenizer", "resolve_model_path",

@@ -552,12 +552,14 @@ class NeuronModel:
     def sample(self, input_ids, sequence_length: int, start_ids=None, top_k: int = 50, top_p: float = 1.0,
                temperature: float = 1.0, streamer=None, stopping_criteria_list=None,
                eos_token_override=None, attention_mask=None, generator: torch.Generator | None = None,
-               pad_token_id: int | None = None):
+               pad_token_id: int | None = None, output_logits: bool = False):
         """transformers-neuronx ``sample``: returns [B, prompt + generated] token ids.
 
         Greedy is ``top_k=1``. ``streamer.put`` receives a (B, 1) tensor per new token and ``end()``
         once; the prompt is never put. Rows that finish (EOS or a stopping criterion that returns a
         per-row bool tensor) are padded with ``pad_token_id`` until every row is done.
+        ``eos_token_override=[]`` disables the EOS stop. ``output_logits=True`` keeps each step's
+        logits in ``self.stats["logits"]`` [B, steps, vocab].
         """
         self._require_built()
         validate_sampling_args(top_k, top_p, temperature)
@@ -587,10 +589,14 @@ class NeuronModel:
         logits = self._encode_prompt(input_ids, start)
         seq = input_ids
         done = torch.zeros(B, dtype=torch.bool, device=self.device)
-        step_times = []
+        row_new_tokens = torch.zeros(B, dtype=torch.long, device=self.device)  # per row, incl. its stop token
+        step_times, kept_logits = [], []
         for cur in range(L, sequence_length):
+            if output_logits:
+                kept_logits.append(logits.float().cpu())
             tok = select_next_tokens(logits, top_k, top_p, temperature, generator)
             tok = torch.where(done, torch.full_like(tok, pad), tok)
+            row_new_tokens += (~done).long()
             seq = torch.cat([seq, tok[:, None]], dim=1)
             if streamer is not None:
                 streamer.put(tok[:, None].cpu())
@@ -605,8 +611,11 @@ class NeuronModel:
             logits = self._step(tok[:, None], start, cur, "token")
         if streamer is not None:
             streamer.end()
-        self.stats = {"prompt_len": L, "new_tokens": seq.shape[1] - L, "ttft_s": step_times[0],
-                      "token_times_s": step_times, "total_s": step_times[-1]}
+        self.stats = {"prompt_len": L, "new_tokens": seq.shape[1] - L, "row_new_tokens": row_new_tokens.tolist(),
+                      "ttft_s": step_times[0],
+                      "token_times_s": step_times, "total_s": step_times[-1], "pad_token_id": pad}
+        if output_logits:
+            self.stats["logits"] = torch.stack(kept_logits, dim=1)
         return seq
 
 

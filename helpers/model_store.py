@@ -138,3 +138,7 @@ def load_hf_model(model_path=None, dtype=torch.float32):
 
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_path), dtype=dtype)
     return model.eval()
+
+
+if __name__ == "__main__":  # python -m helpers.model_store: prepare the embedded checkpoint
+    print(resolve_model_path(None))
