@@ -101,8 +101,8 @@ class GQA(str, enum.Enum):
 class NeuronConfig:
     """The subset of transformers-neuronx's ``NeuronConfig`` the reference engine implements,
     with the same keyword names, plus ``compiled`` (reference only): False = eager graphs,
-    True = torch.compile per bucket, "export" = torch.export programs, "aoti" = AOTInductor
-    packages (the last two can be saved and loaded: helpers/graphs.py)."""
+    "export" (or True) = torch.export programs per bucket, "aoti" = AOTInductor packages per
+    bucket; both can be saved and loaded (helpers/graphs.py)."""
     group_query_attention: str | None = None
     quant: object | None = None
     fuse_qkv: bool = True
@@ -122,8 +122,8 @@ class NeuronConfig:
                 raise ValueError(f"group_query_attention={self.group_query_attention!r}: use a GQA member "
                                  f"({', '.join(g.name for g in GQA)}) or its value") from None
         if self.compiled not in (False, True, "export", "aoti"):
-            raise ValueError(f"compiled={self.compiled!r}: use False (eager), True (torch.compile), 'export' "
-                             "(torch.export, serializable) or 'aoti' (AOTInductor, serializable)")
+            raise ValueError(f"compiled={self.compiled!r}: use False (eager), 'export' (or True: torch.export "
+                             "graphs per bucket) or 'aoti' (AOTInductor packages per bucket)")
         if self.padding_side != "left":
             raise ValueError("padding_side must be 'left': the engine takes left-padded batches, as "
                              "transformers-neuronx's sample() does")

@@ -330,12 +330,12 @@ class NeuronModel:
 
     def _build_graphs(self):
         """One callable per (kind, bucket): eager, or built per bucket as ``neuron_config.compiled`` says
-        (True: torch.compile; "export": torch.export programs; "aoti": AOTInductor packages), or loaded
-        from the directory given to ``load()`` (no compilation). ``build_report`` lists each graph."""
+        ("export" or True: torch.export programs; "aoti": AOTInductor packages), or loaded from the
+        directory given to ``load()`` (no compilation). ``build_report`` lists each graph and its seconds."""
         from . import graphs as gr
 
         ctx, tok = self.context_buckets, self.token_buckets
-        mode = self.neuron_config.compiled
+        mode = "export" if self.neuron_config.compiled is True else self.neuron_config.compiled
         if self._artifacts_dir is not None:
             self.graphs, self.build_report = gr.load_graphs(self._artifacts_dir, self.model, self._graph_fields(),
                                                             self.model.comm.rank, self.batch_size)
@@ -345,8 +345,6 @@ class NeuronModel:
                 self._workdir = tempfile.TemporaryDirectory(prefix="aoti-")
             self.graphs, self.build_report = gr.build_all(self.model, ctx, tok, self.batch_size, mode,
                                                           self._workdir and self._workdir.name)
-        elif mode:
-            self.graphs, self.build_report = gr.build_jit(self.model, ctx, tok, self.batch_size)
         else:
             self.graphs = {(k, b): self.model.forward for k, bs in (("context", ctx), ("token", tok)) for b in bs}
             self.build_report = [{"graph": f"{k}{b}.step", "kind": k, "bucket": b, "artifact": "eager",
@@ -378,13 +376,15 @@ class NeuronModel:
                 "group_query_attention": None if gqa is None else gqa.value}
 
     def save(self, directory, sharded_weights: bool = False) -> dict:
-        """transformers-neuronx ``save``: one artifact per graph (+ presharded weights); see helpers/graphs.py."""
+        """transformers-neuronx ``save``: one artifact per graph (+ presharded weights); see helpers/graphs.py.
+        With ``sharded_weights`` the directory becomes a checkpoint: ``from_pretrained(directory)`` loads
+        the weights as saved (config.json gets ``is_presharded_checkpoint``)."""
         if sharded_weights and not self.neuron_config.on_device_embedding:  # tnx base.py save()
             raise ValueError("on_device_embedding must be True to save and load presharded weights: build with "
                              "NeuronConfig(on_device_embedding=True)")
-        return self._save(directory, sharded_weights)
+        return self._save(directory, sharded_weights, mark_presharded=True)
 
-    def _save(self, directory, sharded_weights: bool) -> dict:
+    def _save(self, directory, sharded_weights: bool, mark_presharded: bool) -> dict:
         from . import graphs as gr
 
         tr = self._require_built()
@@ -403,8 +403,8 @@ class NeuronModel:
         if sharded_weights:
             files.append(gr.save_rank_weights(d, tr.w, self._weights_meta(rank), rank))
             if rank == 0:
-                (d / "config.json").write_text(json.dumps({**self.args.hf_config, "is_presharded_checkpoint": True},
-                                                          indent=1))
+                hf = {**self.args.hf_config, "is_presharded_checkpoint": mark_presharded}
+                (d / "config.json").write_text(json.dumps(hf, indent=1))
         return {"directory": str(d), "graphs": len(manifest["graphs"]),
                 "bytes": sum(f.stat().st_size for f in files)}
 
@@ -426,12 +426,13 @@ class NeuronModel:
         (+ ``weights/tp{rank}_sharded_checkpoint.safetensors`` with ``save_sharded_checkpoint``)."""
         from .graphs import ARTIFACTS
 
-        if self.neuron_config.compiled not in ARTIFACTS:
+        if self.neuron_config.compiled not in (True, *ARTIFACTS):
             raise ValueError(f"compile() writes ahead-of-time graphs: build with NeuronConfig(compiled='export') or "
                              f"compiled='aoti' (got compiled={self.neuron_config.compiled!r})")
         if self.model is None:
             self.to_neuron()
-        return self._save(compiled_model_path, save_sharded_checkpoint)
+        # NxDI writes weights/tp{rank}_sharded_checkpoint.safetensors; from_compiled() reads them
+        return self._save(compiled_model_path, save_sharded_checkpoint, mark_presharded=False)
 
     @classmethod
     def from_compiled(cls, compiled_model_path, model_path=None, device: str = "cpu") -> "NeuronModel":
@@ -450,6 +451,8 @@ class NeuronModel:
         nc = NeuronConfig(**s.pop("neuron_config"))
         m = cls.from_pretrained(path, neuron_config=nc, device=device,
                                 nxdi_bucketing=None if nx is None else bk.NxDIBucketing(**nx), **s)
+        from .graphs import weights_file
+        m.presharded = m.presharded or (path == d and weights_file(d, 0).is_file())
         return m.load(d).to_neuron()
 
     @property

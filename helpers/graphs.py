@@ -22,7 +22,8 @@ Artifacts (``NeuronConfig(compiled=...)``):
 - ``"aoti"``: each exported program compiled by AOTInductor into a C++ shared library inside a
   ``.pt2`` package (``torch._inductor.aoti_compile_and_package``): real ahead-of-time machine code,
   the closest analogue of a NEFF; loading one is a ``dlopen``.
-- ``True``: ``torch.compile`` of the whole step per bucket (JIT: compiled at build, cannot be saved).
+- ``True`` means ``"export"``. (``torch.compile`` is not offered: it fails on the inference tensors
+  that ``sample()`` creates under ``torch.inference_mode``, and its JIT code cannot be saved.)
 
 Saved graphs are named ``{unit}-rank{rank}-{fingerprint}.pt2``; the fingerprint hashes the model
 architecture, the engine settings (batch, buckets, tp degree, dtype, device, GQA, quantization),
@@ -193,28 +194,6 @@ def build_all(tr: Transformer, context_buckets, token_buckets, batch: int, artif
     return bucket_graphs(tr, units, context_buckets, token_buckets, batch), report
 
 
-def build_jit(tr: Transformer, context_buckets, token_buckets, batch: int) -> tuple[dict, list[dict]]:
-    """``torch.compile`` of the whole step, compiled per bucket now by one warm-up call (not serializable)."""
-    fwd = torch.compile(tr.forward, dynamic=False)
-    graphs, report = {}, []
-    n = len(context_buckets) + len(token_buckets)
-    with torch._dynamo.config.patch(recompile_limit=max(8, n + 1)), torch.inference_mode():
-        for kind, buckets in (("context", context_buckets), ("token", token_buckets)):
-            for b in buckets:
-                t0 = time.perf_counter()
-                T = b if kind == "context" else 1
-                slots = torch.arange(T, device=tr.device)
-                zeros = torch.zeros(batch, dtype=torch.long, device=tr.device)
-                fwd(torch.zeros(batch, T, dtype=torch.long, device=tr.device), slots[None].expand(batch, T),
-                    slots, b, build_mask(slots, zeros, b, None), torch.full((batch, 1), T - 1, device=tr.device))
-                graphs[(kind, b)] = fwd
-                report.append({"graph": f"{kind}{b}.step", "part": "step", "kind": kind, "bucket": b,
-                               "tokens": T, "artifact": "jit", "seconds": time.perf_counter() - t0})
-        tr.k_cache.zero_()
-        tr.v_cache.zero_()
-    return graphs, report
-
-
 # -- fingerprints and the manifest ---------------------------------------------------------------
 def fingerprint(fields: dict, spec: dict, artifact: str) -> str:
     key = {**fields, **{f"unit_{k}": v for k, v in spec.items()}, "artifact": artifact}
@@ -242,8 +221,8 @@ def units_of(graphs: dict) -> dict[str, Unit]:
     for g in graphs.values():
         if not isinstance(g, BucketGraph):
             raise ValueError("save() writes ahead-of-time graphs: build with NeuronConfig(compiled='export') "
-                             "(torch.export programs) or compiled='aoti' (AOTInductor packages); eager and "
-                             "torch.compile graphs cannot be serialized.")
+                             "(torch.export programs) or compiled='aoti' (AOTInductor packages); this model "
+                             "runs eager graphs, which cannot be serialized.")
         units[g.attn.name], units[g.mlp.name] = g.attn, g.mlp
     return units
 
