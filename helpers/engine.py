@@ -318,14 +318,27 @@ class NeuronModel:
         return self
 
     def _move(self, w: RankWeights) -> RankWeights:
-        if self.device.type == "cpu":
-            return w
-        mv = lambda t: None if t is None else t.to(self.device)  # noqa: E731
-        w.embed, w.norm, w.lm_head = mv(w.embed), mv(w.norm), mv(w.lm_head)
-        w.kv_group = mv(w.kv_group)
+        """Put every tensor on the device (tied tensors stay one tensor). On CPU, copy the tensors that
+        safetensors left at unaligned offsets: BLAS kernels round differently on unaligned data, and the
+        model must compute bit for bit the same whether its weights came from the checkpoint or from
+        presharded files (helpers/graphs.py)."""
+        memo = {}
+
+        def mv(t):
+            if not torch.is_tensor(t):
+                return t
+            if id(t) not in memo:
+                if self.device.type != "cpu":
+                    memo[id(t)] = t.to(self.device)
+                else:
+                    memo[id(t)] = t if t.data_ptr() % 64 == 0 else t.clone()
+            return memo[id(t)]
+
+        w.embed, w.norm, w.lm_head, w.kv_group = mv(w.embed), mv(w.norm), mv(w.lm_head), mv(w.kv_group)
         for L in w.layers:
-            for name in ("wqkv", "wo", "w13", "w2", "ln1", "ln2", "bqkv", "bo"):
-                setattr(L, name, mv(getattr(L, name)))
+            for name, t in list(vars(L).items()):
+                setattr(L, name, mv(t))
+        w.extra = {k: mv(v) for k, v in w.extra.items()}
         return w
 
     def _build_graphs(self):

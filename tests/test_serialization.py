@@ -77,6 +77,16 @@ def test_presharded_weights_load_without_resharding(saved, monkeypatch):
     assert torch.equal(_sample(m.load(d).to_neuron())[0], out)
 
 
+def test_a_saved_directory_can_move(saved, tmp_path):
+    """Fingerprints hold no path (unlike the HLO hashes of aws-neuron/transformers-neuronx#91, #99)."""
+    d, _, (out, _), _ = saved
+    moved = tmp_path / "elsewhere" / "copy"
+    shutil.copytree(d, moved)
+    m = helpers.load_model(helpers.resolve_backend("reference"), moved, moved,
+                           neuron_config=NeuronConfig(on_device_embedding=True), **KW)
+    assert torch.equal(_sample(m)[0], out)
+
+
 def test_nxdi_shape_compile_then_from_compiled(saved, tmp_path):
     _, _, (out, _), _ = saved
     m = _export_model()
