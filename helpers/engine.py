@@ -12,12 +12,9 @@ gate/up as Neuron's ``fuse_qkv`` does) and a ``Comm`` for collectives (a no-op a
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -301,8 +298,8 @@ class NeuronModel:
             raise ValueError(f"tp_degree={self.tp_degree}: tensor parallelism runs in "
                              "helpers.parallel.ParallelModel (one process per rank)")
         if self.presharded:
-            from .graphs import load_rank_weights
-            weights = load_rank_weights(self.model_path, 0, self._weights_meta(0))
+            from .serialization import load_presharded
+            weights = load_presharded(self, 0)
         else:
             state = load_state_dict(self.model_path)
             weights = shard_state(state, self.args, self.dtype, gqa=self.neuron_config.group_query_attention)
@@ -363,110 +360,41 @@ class NeuronModel:
             self.build_report = [{"graph": f"{k}{b}.step", "kind": k, "bucket": b, "artifact": "eager",
                                   "seconds": 0.0} for k, b in self.graphs]
 
-    # -- serialization: transformers-neuronx save/load, NxD Inference compile/load -------------------
+    # -- serialization (helpers/serialization.py): transformers-neuronx save/load, NxDI compile/load ------
     def _graph_fields(self) -> dict:
-        """What a saved graph depends on; its fingerprint hashes these (helpers/graphs.py)."""
-        a = asdict(self.args)
-        for k in ("hf_config", "eos_token_id", "pad_token_id"):
-            a.pop(k)
-        rope = self.args.hf_config.get("rope_parameters") or self.args.hf_config.get("rope_scaling")
-        arch = hashlib.sha256(json.dumps([a, rope], sort_keys=True, default=str).encode()).hexdigest()[:16]
-        nc = self.neuron_config
-        from .graphs import FORMAT_VERSION, TORCH_VERSION
-        return {"format": FORMAT_VERSION, "torch": TORCH_VERSION,
-                "model": f"{self.args.model_type}, {self.args.n_layers} layers, hidden {self.args.hidden_size}, "
-                         f"sha256 {arch}",
-                "batch_size": self.batch_size, "context_buckets": list(self.context_buckets),
-                "token_buckets": list(self.token_buckets), "tp_degree": self.tp_degree,
-                "rank": 0 if self.model is None else self.model.comm.rank, "dtype": str(self.dtype),
-                "device": self.device.type, "fuse_qkv": nc.fuse_qkv,
-                "group_query_attention": None if nc.group_query_attention is None else str(nc.group_query_attention.value),
-                "quant": None if nc.quant is None else repr(nc.quant)}
-
-    def _weights_meta(self, rank: int) -> dict:
-        gqa = self.neuron_config.group_query_attention
-        return {"tp_degree": self.tp_degree, "rank": rank, "dtype": str(self.dtype),
-                "group_query_attention": None if gqa is None else gqa.value}
+        from .serialization import graph_fields
+        return graph_fields(self)
 
     def save(self, directory, sharded_weights: bool = False) -> dict:
-        """transformers-neuronx ``save``: one artifact per graph (+ presharded weights); see helpers/graphs.py.
-        With ``sharded_weights`` the directory becomes a checkpoint: ``from_pretrained(directory)`` loads
-        the weights as saved (config.json gets ``is_presharded_checkpoint``)."""
-        if sharded_weights and not self.neuron_config.on_device_embedding:  # tnx base.py save()
-            raise ValueError("on_device_embedding must be True to save and load presharded weights: build with "
-                             "NeuronConfig(on_device_embedding=True)")
-        return self._save(directory, sharded_weights, mark_presharded=True)
-
-    def _save(self, directory, sharded_weights: bool, mark_presharded: bool) -> dict:
-        from . import graphs as gr
-
-        tr = self._require_built()
-        if sharded_weights and self.neuron_config.quant is not None:
-            raise ValueError("sharded_weights=True stores the unquantized shard; save without it when quant is set")
-        rank, d = tr.comm.rank, Path(directory)
-        manifest = gr.save_graphs(d, self.graphs, self._graph_fields(), rank, self.build_report)
-        files = [d / e["file"] for e in manifest["graphs"]]
-        if rank == 0:
-            settings = {**self.settings, "model_path": str(self.model_path), "neuron_config": {
-                f.name: (getattr(self.neuron_config, f.name) if f.name != "quant" else repr(self.neuron_config.quant))
-                for f in fields(self.neuron_config)}}
-            gqa = settings["neuron_config"]["group_query_attention"]
-            settings["neuron_config"]["group_query_attention"] = None if gqa is None else gqa.value
-            (d / "neuron_config.json").write_text(json.dumps(settings, indent=1, default=str))
-        if sharded_weights:
-            files.append(gr.save_rank_weights(d, tr.w, self._weights_meta(rank), rank))
-            if rank == 0:
-                hf = {**self.args.hf_config, "is_presharded_checkpoint": mark_presharded}
-                (d / "config.json").write_text(json.dumps(hf, indent=1))
-        return {"directory": str(d), "graphs": len(manifest["graphs"]),
-                "bytes": sum(f.stat().st_size for f in files)}
+        """transformers-neuronx ``save(dir, sharded_weights=False)``: one artifact per graph; with
+        ``sharded_weights`` (needs ``on_device_embedding=True``) also the presharded weights, and the
+        directory becomes a checkpoint that ``from_pretrained(dir)`` loads without re-sharding."""
+        from .serialization import save
+        return save(self, directory, sharded_weights)
 
     def load(self, directory) -> "NeuronModel":
-        """transformers-neuronx ``load``: call before ``to_neuron()``, which then loads the saved graphs
-        instead of compiling. Refuses now (before any weight is read) graphs saved for another model,
-        bucket set, tp degree, dtype or torch version."""
-        from .graphs import read_manifest
-
+        """transformers-neuronx ``load(dir)``: call before ``to_neuron()``, which then loads the saved graphs
+        instead of compiling. Refuses now, before any weight is read, a directory saved for another model,
+        bucket set, batch, tp degree, dtype or torch version, or with a changed file."""
+        from .serialization import check_saved
         if self.model is not None:
             raise RuntimeError("load() must come before to_neuron() (as in transformers-neuronx): construct the "
                                "model again, call load(dir), then to_neuron()")
-        read_manifest(directory, self._graph_fields(), 0)  # fingerprints, presence and sha256 of every file
+        check_saved(self, directory)
         self._artifacts_dir = str(directory)
         return self
 
     def compile(self, compiled_model_path, save_sharded_checkpoint: bool = False) -> dict:
-        """NxD Inference ``compile(path)``: build the graphs (if not yet) and write config + artifacts
+        """NxD Inference ``compile(path)``: build the graphs (if not yet) and write the config and artifacts
         (+ ``weights/tp{rank}_sharded_checkpoint.safetensors`` with ``save_sharded_checkpoint``)."""
-        from .graphs import ARTIFACTS
-
-        if self.neuron_config.compiled not in (True, *ARTIFACTS):
-            raise ValueError(f"compile() writes ahead-of-time graphs: build with NeuronConfig(compiled='export') or "
-                             f"compiled='aoti' (got compiled={self.neuron_config.compiled!r})")
-        if self.model is None:
-            self.to_neuron()
-        # NxDI writes weights/tp{rank}_sharded_checkpoint.safetensors; from_compiled() reads them
-        return self._save(compiled_model_path, save_sharded_checkpoint, mark_presharded=False)
+        from .serialization import compile_to
+        return compile_to(self, compiled_model_path, save_sharded_checkpoint)
 
     @classmethod
     def from_compiled(cls, compiled_model_path, model_path=None, device: str = "cpu") -> "NeuronModel":
-        """NxD Inference ``load(path)``: the settings from ``neuron_config.json``, presharded weights if
-        saved (else ``model_path`` or the recorded checkpoint), the saved graphs; no compilation."""
-        d = Path(compiled_model_path)
-        if not (d / "neuron_config.json").is_file():
-            raise FileNotFoundError(f"{d}/neuron_config.json is missing: not a directory written by compile()")
-        s = json.loads((d / "neuron_config.json").read_text())
-        if s["neuron_config"].pop("quant") != "None":
-            raise ValueError("from_compiled() cannot rebuild a quant config from JSON: construct the model with "
-                             "from_pretrained(..., neuron_config=...) and call load(path)")
-        nx = s.pop("nxdi_bucketing")
-        path = d if (d / "config.json").is_file() else (model_path or s["model_path"])
-        s.pop("model_path")
-        nc = NeuronConfig(**s.pop("neuron_config"))
-        m = cls.from_pretrained(path, neuron_config=nc, device=device,
-                                nxdi_bucketing=None if nx is None else bk.NxDIBucketing(**nx), **s)
-        from .graphs import weights_file
-        m.presharded = m.presharded or (path == d and weights_file(d, 0).is_file())
-        return m.load(d).to_neuron()
+        """NxD Inference ``load(path)``: a model rebuilt from ``compile(path)``'s directory, no compilation."""
+        from .serialization import from_compiled
+        return from_compiled(cls, compiled_model_path, model_path, device)
 
     @property
     def weight_bytes(self) -> int:

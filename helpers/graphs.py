@@ -144,12 +144,53 @@ def build_unit(tr: Transformer, name: str, spec: dict, batch: int, artifact: str
     ep = export_unit(tr, spec, batch)
     if artifact == "export":
         ep.example_inputs = None  # else torch.export.save would store example weights with the graph
-        return Unit(name, spec, artifact, ep.module(), program=ep)
-    if artifact != "aoti":
+        unit = Unit(name, spec, artifact, ep.module(), program=ep)
+    elif artifact == "aoti":
+        path = os.path.join(workdir, f"{name}.pt2")
+        torch._inductor.aoti_compile_and_package(ep, package_path=path)  # needs ep.example_inputs
+        unit = Unit(name, spec, artifact, torch._inductor.aoti_load_package(path), package=path)
+    else:
         raise ValueError(f"artifact={artifact!r}: use one of {ARTIFACTS}")
-    path = os.path.join(workdir, f"{name}.pt2")
-    torch._inductor.aoti_compile_and_package(ep, package_path=path)  # needs ep.example_inputs
-    return Unit(name, spec, artifact, torch._inductor.aoti_load_package(path), package=path)
+    check_unit(tr, unit, batch, "built")
+    return unit
+
+
+def probe(tr: Transformer, unit: Unit, batch: int) -> float:
+    """Largest difference between the graph and the eager block, relative to the eager output's scale,
+    on the *last* layer (the graph was traced with layer 0's tensors) and a random input. Both write
+    K/V into copies of the cache, which are compared too."""
+    g = torch.Generator().manual_seed(0)
+    args = example_inputs(tr, unit.spec, batch)
+    x = torch.randn(args[0].shape, generator=g).to(args[0])
+    L = tr.w.layers[-1]
+    layer = [getattr(L, n) for n in layer_tensor_names(L)]
+    with torch.inference_mode():
+        if unit.spec["part"] == "mlp":
+            pairs = [(unit.fn(x, *layer), tr.mlp_block(x, L))]
+        else:
+            cos, sin, slots, mask = args[1:5]
+            kv_eager = [tr.k_cache[-1].clone(), tr.v_cache[-1].clone()]
+            kv_graph = [tr.k_cache[-1].clone(), tr.v_cache[-1].clone()]
+            ref = tr.attn_block(x, L, *kv_eager, cos, sin, slots, unit.spec["bucket"], mask)
+            out = unit.fn(x, cos, sin, slots, mask, *kv_graph, *layer)
+            pairs = [(out, ref), (kv_graph[0], kv_eager[0]), (kv_graph[1], kv_eager[1])]
+    return max(((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-6)).item()
+               for a, b in pairs)
+
+
+def check_unit(tr: Transformer, unit: Unit, batch: int, how: str) -> None:
+    """Refuse a graph that does not compute what this engine computes (never a silent wrong answer):
+    e.g. graphs saved by other engine code, or a feature that keeps per-layer tensors outside the
+    layer's attributes (they would be baked into the graph from layer 0)."""
+    tol = 1e-4 if tr.dtype == torch.float32 else 3e-2
+    rel = probe(tr, unit, batch)
+    if not rel <= tol:
+        err = ArtifactMismatchError if how == "loaded" else ValueError
+        raise err(f"The {how} graph {unit.name} computes differently from this engine's eager {unit.spec['part']} "
+                  f"block (relative difference {rel:.2e} > {tol:.0e} on the last layer). "
+                  + ("It was saved by other engine code: build without load() and save() again."
+                     if how == "loaded" else "A feature keeps per-layer state outside LayerWeights: compile "
+                     "without NeuronConfig(compiled=...)."))
 
 
 class BucketGraph:
@@ -318,6 +359,7 @@ def load_graphs(directory, tr: Transformer, fields: dict, rank: int, batch: int)
                                    package=str(path))
         except Exception as exc:  # a file that hashes right but does not deserialize
             raise CorruptArtifactError(f"Could not load {path}: {type(exc).__name__}: {exc}") from exc
+        check_unit(tr, units[name], batch, "loaded")
         report.append({"graph": name, **spec, "artifact": e["artifact"], "seconds": time.perf_counter() - t0,
                        "loaded": True})
     return bucket_graphs(tr, units, fields["context_buckets"], fields["token_buckets"], batch), report

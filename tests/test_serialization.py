@@ -193,3 +193,25 @@ def test_aoti_packages_round_trip(tmp_path, eager):
 def test_compiled_true_means_exported_graphs():
     m = helpers.NeuronModel.from_pretrained(None, neuron_config=NeuronConfig(compiled=True), **KW).to_neuron()
     assert {r["artifact"] for r in m.build_report} == {"export"} and len(m.build_report) == 4
+
+
+def test_graphs_from_other_engine_code_are_refused(saved, monkeypatch):
+    """Same fingerprint, different math (the engine changed after save): load refuses, never a wrong answer."""
+    d = saved[0]
+    original = engine.Transformer.mlp_block
+    monkeypatch.setattr(engine.Transformer, "mlp_block", lambda self, x, L: 1.5 * original(self, x, L))
+    m = helpers.NeuronModel.from_pretrained(None, **KW).load(d)
+    with pytest.raises(gr.ArtifactMismatchError, match="computes differently .* saved by other engine code"):
+        m.to_neuron()
+
+
+def test_per_layer_state_outside_the_layer_tensors_is_caught_at_build(monkeypatch):
+    """A per-layer Python attribute is not a graph input: the graph would bake layer 0's value into
+    every layer. The build-time probe on the last layer refuses it."""
+    m = helpers.NeuronModel.from_pretrained(None, **KW).to_neuron()
+    for i, L in enumerate(m.model.w.layers):
+        L.gain = 1.0 + i
+    original = engine.Transformer.mlp_block
+    monkeypatch.setattr(engine.Transformer, "mlp_block", lambda self, x, L: L.gain * original(self, x, L))
+    with pytest.raises(ValueError, match="per-layer state outside LayerWeights"):
+        gr.build_unit(m.model, "mlp.t1", {"part": "mlp", "tokens": 1}, 2, "export")
