@@ -16,6 +16,7 @@ from typing import Sequence
 # NxDI model tags (models/model_wrapper.py), used in its bucket error messages
 CONTEXT_ENCODING_MODEL_TAG = "context_encoding_model"
 TOKEN_GENERATION_MODEL_TAG = "token_generation_model"
+SPECULATION_MODEL_TAG = "speculation_model"
 
 
 def tnx_token_buckets(n_positions: int | Sequence[int]) -> list[int]:

@@ -254,6 +254,7 @@ class NeuronModel:
                          "nxdi_bucketing": None if nxdi_bucketing is None else asdict(nxdi_bucketing)}
         self._validate()
         self.model: Transformer | None = None
+        self.speculation_length = 0
         self.build_report: list[dict] = []
         self.stats: dict = {}
         self._artifacts_dir = None  # set by load(dir): to_neuron() then loads graphs instead of building
@@ -339,12 +340,13 @@ class NeuronModel:
         return w
 
     def _build_graphs(self):
-        """One callable per (kind, bucket): eager, or built per bucket as ``neuron_config.compiled`` says
-        ("export" or True: torch.export programs; "aoti": AOTInductor packages), or loaded from the
-        directory given to ``load()`` (no compilation). ``build_report`` lists each graph and its seconds."""
+        """One callable per (kind, bucket) — context, token and (after ``enable_speculative_decoder``)
+        speculative: eager, or built per bucket as ``neuron_config.compiled`` says ("export" or True:
+        torch.export programs; "aoti": AOTInductor packages), or loaded from the directory given to
+        ``load()`` (no compilation). ``build_report`` lists each graph and its seconds."""
         from . import graphs as gr
 
-        ctx, tok = self.context_buckets, self.token_buckets
+        kinds = gr.graph_kinds(self.context_buckets, self.token_buckets, self.speculation_length)
         mode = "export" if self.neuron_config.compiled is True else self.neuron_config.compiled
         if self._artifacts_dir is not None:
             self.graphs, self.build_report = gr.load_graphs(self._artifacts_dir, self.model, self._graph_fields(),
@@ -353,10 +355,10 @@ class NeuronModel:
             if mode == "aoti":
                 import tempfile
                 self._workdir = tempfile.TemporaryDirectory(prefix="aoti-")
-            self.graphs, self.build_report = gr.build_all(self.model, ctx, tok, self.batch_size, mode,
+            self.graphs, self.build_report = gr.build_all(self.model, kinds, self.batch_size, mode,
                                                           self._workdir and self._workdir.name)
         else:
-            self.graphs = {(k, b): self.model.forward for k, bs in (("context", ctx), ("token", tok)) for b in bs}
+            self.graphs = {(k, b): self.model.forward for k, bs, _ in kinds for b in bs}
             self.build_report = [{"graph": f"{k}{b}.step", "kind": k, "bucket": b, "artifact": "eager",
                                   "seconds": 0.0} for k, b in self.graphs]
 
@@ -416,7 +418,8 @@ class NeuronModel:
             torch.cuda.synchronize()
 
     def _step(self, tokens, start_ids, first_slot: int, kind: str):
-        """Run ``tokens`` [B,T] at cache slots first_slot.. ; return logits of the last position [B,V]."""
+        """Run ``tokens`` [B,T] at cache slots first_slot.. ; return logits of the last position [B,V]
+        (kind "speculative": of every position, [B,T,V])."""
         B, T = tokens.shape
         last = first_slot + T
         if kind == "context":
@@ -431,17 +434,21 @@ class NeuronModel:
         slots = torch.arange(first_slot, first_slot + width, device=self.device)
         rope_pos = (slots[None, :] - start_ids[:, None]).clamp_(min=0)
         mask = build_mask(slots, start_ids, kv_len, self.args.sliding_window)
-        idx = torch.full((B, 1), T - 1, device=self.device)
+        if kind == "speculative":
+            idx = torch.arange(T, device=self.device).expand(B, T)
+        else:
+            idx = torch.full((B, 1), T - 1, device=self.device)
         logits = self.graphs[(kind, width if kind == "context" else kv_len)](
             tokens, rope_pos, slots, kv_len, mask, idx)
-        return logits[:, -1]
+        return logits if kind == "speculative" else logits[:, -1]
 
     def _select_bucket(self, kind: str, length: int) -> int:
         """transformers-neuronx ``bucket.find`` (smallest >= length, else the largest) or NxDI first_fit."""
         buckets = self.context_buckets if kind == "context" else self.token_buckets
         if self.nxdi_bucketing is None:
             return bk.tnx_find(buckets, length)
-        tag = bk.CONTEXT_ENCODING_MODEL_TAG if kind == "context" else bk.TOKEN_GENERATION_MODEL_TAG
+        tag = {"context": bk.CONTEXT_ENCODING_MODEL_TAG, "speculative": bk.SPECULATION_MODEL_TAG}.get(
+            kind, bk.TOKEN_GENERATION_MODEL_TAG)
         return bk.nxdi_select(buckets, length, tag, self.nxdi_bucketing.allow_input_truncation)
 
     def _fit_prompt(self, input_ids, attention_mask=None):
@@ -478,6 +485,34 @@ class NeuronModel:
             input_ids, _ = self._fit_prompt(input_ids)
             return self._encode_prompt(input_ids, start)
         return self._step(input_ids, start, first, "token")
+
+    def enable_speculative_decoder(self, speculation_length: int) -> None:
+        """Build a verification graph that scores ``speculation_length + 1`` tokens in one forward
+        (the last accepted token + k draft tokens). As on Neuron, call it before ``to_neuron()``."""
+        if self.model is not None:
+            raise RuntimeError("enable_speculative_decoder(k) must be called before to_neuron(): the "
+                               "speculative graph is compiled with the others (transformers-neuronx: same rule)")
+        if int(speculation_length) < 1:
+            raise ValueError(f"speculation_length={speculation_length}: must be >= 1")
+        if int(speculation_length) + 1 > self.token_buckets[-1]:
+            raise ValueError(f"speculation_length={speculation_length} does not fit n_positions={self.n_positions}")
+        self.speculation_length = int(speculation_length)
+
+    @torch.inference_mode()
+    def speculative_forward(self, input_ids, cache_ids, start_ids=None):
+        """Logits [B, T, vocab] for every position of ``input_ids`` [B, T] written at ``cache_ids``
+        (T = speculation_length + 1: one fixed-shape graph per token bucket)."""
+        self._require_built()
+        if not self.speculation_length:
+            raise RuntimeError("call enable_speculative_decoder(k) before to_neuron() to build the speculative graph")
+        T = input_ids.shape[1]
+        if T != self.speculation_length + 1:
+            raise ValueError(f"the speculative graph takes {self.speculation_length + 1} tokens, got {T}")
+        first = int(torch.as_tensor(cache_ids).reshape(-1)[0])
+        if first + T > self.n_positions:
+            raise ValueError(f"positions {first}..{first + T - 1} exceed n_positions={self.n_positions}")
+        input_ids = input_ids.to(self.device)
+        return self._step(input_ids, self._start_ids(input_ids, start_ids, None), first, "speculative")
 
     def _start_ids(self, input_ids, start_ids, attention_mask):
         B = input_ids.shape[0]

@@ -99,16 +99,30 @@ class MlpGraph(torch.nn.Module):
         return self.tr.mlp_block(x, layer_view(self.template, self.names, layer))
 
 
-def unit_specs(context_buckets, token_buckets) -> dict[str, dict]:
-    """Every graph a bucket set needs: ``{name: spec}`` (attn per (kind, bucket), mlp per width)."""
-    specs = {}
-    for kind, buckets in (("context", context_buckets), ("token", token_buckets)):
+def graph_kinds(context_buckets, token_buckets, speculation_length: int = 0) -> list[tuple]:
+    """(kind, buckets, tokens per step): context steps are as wide as their bucket, token steps take one
+    token, speculative steps (``enable_speculative_decoder(k)``) take k + 1 over the token buckets."""
+    kinds = [("context", list(context_buckets), None), ("token", list(token_buckets), 1)]
+    if speculation_length:
+        kinds.append(("speculative", list(token_buckets), int(speculation_length) + 1))
+    return kinds
+
+
+def unit_specs(kinds) -> dict[str, dict]:
+    """Every graph the kinds need: ``{name: spec}`` (attn per (kind, bucket), mlp per token width)."""
+    specs, widths = {}, []
+    for kind, buckets, tokens in kinds:
         for b in buckets:
-            specs[f"{kind}{b}.attn"] = {"part": "attn", "kind": kind, "bucket": int(b),
-                                        "tokens": int(b) if kind == "context" else 1}
-    for t in sorted({1} if token_buckets else set()) + sorted(int(b) for b in context_buckets):
+            t = int(b) if tokens is None else tokens
+            specs[f"{kind}{b}.attn"] = {"part": "attn", "kind": kind, "bucket": int(b), "tokens": t}
+            widths.append(t)
+    for t in sorted(set(widths)):
         specs[f"mlp.t{t}"] = {"part": "mlp", "tokens": t}
     return specs
+
+
+def kinds_of(fields: dict) -> list[tuple]:
+    return graph_kinds(fields["context_buckets"], fields["token_buckets"], fields.get("speculation_length", 0))
 
 
 def example_inputs(tr: Transformer, spec: dict, batch: int) -> tuple:
@@ -198,7 +212,7 @@ class BucketGraph:
 
     def __init__(self, tr: Transformer, kind: str, bucket: int, batch: int, attn: Unit, mlp: Unit):
         self.tr, self.kind, self.bucket, self.batch, self.attn, self.mlp = tr, kind, bucket, batch, attn, mlp
-        self.width = bucket if kind == "context" else 1
+        self.width = attn.spec["tokens"]
         self.names = layer_tensor_names(tr.w.layers[0])
 
     def _attn(self, x, L, k_cache, v_cache, cos, sin, slots, kv_len, attn_mask):
@@ -215,24 +229,24 @@ class BucketGraph:
         return self.tr.forward(tokens, rope_pos, slots, kv_len, mask, logit_idx, blocks=(self._attn, self._mlp))
 
 
-def bucket_graphs(tr: Transformer, units: dict[str, Unit], context_buckets, token_buckets, batch) -> dict:
+def bucket_graphs(tr: Transformer, units: dict[str, Unit], kinds, batch) -> dict:
     graphs = {}
-    for kind, buckets in (("context", context_buckets), ("token", token_buckets)):
+    for kind, buckets, _ in kinds:
         for b in buckets:
-            t = b if kind == "context" else 1
-            graphs[(kind, b)] = BucketGraph(tr, kind, b, batch, units[f"{kind}{b}.attn"], units[f"mlp.t{t}"])
+            attn = units[f"{kind}{b}.attn"]
+            graphs[(kind, b)] = BucketGraph(tr, kind, b, batch, attn, units[f"mlp.t{attn.spec['tokens']}"])
     return graphs
 
 
-def build_all(tr: Transformer, context_buckets, token_buckets, batch: int, artifact: str,
-              workdir=None) -> tuple[dict, list[dict]]:
-    """Build every graph; returns ``{(kind, bucket): BucketGraph}`` and one report row per graph."""
+def build_all(tr: Transformer, kinds, batch: int, artifact: str, workdir=None) -> tuple[dict, list[dict]]:
+    """Build every graph of ``kinds`` (:func:`graph_kinds`); returns ``{(kind, bucket): BucketGraph}`` and
+    one report row per graph with its build seconds."""
     units, report = {}, []
-    for name, spec in unit_specs(context_buckets, token_buckets).items():
+    for name, spec in unit_specs(kinds).items():
         t0 = time.perf_counter()
         units[name] = build_unit(tr, name, spec, batch, artifact, workdir)
         report.append({"graph": name, **spec, "artifact": artifact, "seconds": time.perf_counter() - t0})
-    return bucket_graphs(tr, units, context_buckets, token_buckets, batch), report
+    return bucket_graphs(tr, units, kinds, batch), report
 
 
 # -- fingerprints and the manifest ---------------------------------------------------------------
@@ -323,7 +337,7 @@ def read_manifest(directory, fields: dict, rank: int, verify_files: bool = True)
             f"The graphs saved in {directory} were built for another configuration: " + "; ".join(diffs)
             + ". They cannot be used for this model: build it without load() (a fresh compile) and save() "
             "again, or construct the model with the saved settings.")
-    for name, spec in unit_specs(fields["context_buckets"], fields["token_buckets"]).items():
+    for name, spec in unit_specs(kinds_of(fields)).items():
         e = by_unit.get(name)
         if e is None:
             raise CorruptArtifactError(f"{path} lists no graph {name}: the directory is incomplete; save() again.")
@@ -346,7 +360,7 @@ def load_graphs(directory, tr: Transformer, fields: dict, rank: int, batch: int)
     manifest = read_manifest(directory, fields, rank)
     by_unit = {e["unit"]: e for e in manifest["graphs"]}
     units, report = {}, []
-    for name, spec in unit_specs(fields["context_buckets"], fields["token_buckets"]).items():
+    for name, spec in unit_specs(kinds_of(fields)).items():
         e = by_unit[name]
         path = Path(directory) / e["file"]
         t0 = time.perf_counter()
@@ -362,7 +376,7 @@ def load_graphs(directory, tr: Transformer, fields: dict, rank: int, batch: int)
         check_unit(tr, units[name], batch, "loaded")
         report.append({"graph": name, **spec, "artifact": e["artifact"], "seconds": time.perf_counter() - t0,
                        "loaded": True})
-    return bucket_graphs(tr, units, fields["context_buckets"], fields["token_buckets"], batch), report
+    return bucket_graphs(tr, units, kinds_of(fields), batch), report
 
 
 # -- presharded weights (one safetensors file per rank) ------------------------------------------

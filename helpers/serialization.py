@@ -39,7 +39,8 @@ def graph_fields(model) -> dict:
     return {"format": gr.FORMAT_VERSION, "torch": gr.TORCH_VERSION,
             "model": f"{args.model_type}, {args.n_layers} layers, hidden {args.hidden_size}, sha256 {arch}",
             "batch_size": model.batch_size, "context_buckets": list(model.context_buckets),
-            "token_buckets": list(model.token_buckets), "tp_degree": model.tp_degree, "rank": _rank(model),
+            "token_buckets": list(model.token_buckets), "speculation_length": model.speculation_length,
+            "tp_degree": model.tp_degree, "rank": _rank(model),
             "dtype": str(model.dtype), "device": model.device.type, "fuse_qkv": nc.fuse_qkv,
             "group_query_attention": None if nc.group_query_attention is None else nc.group_query_attention.value,
             "quant": None if nc.quant is None else repr(nc.quant)}
