@@ -215,3 +215,26 @@ def test_per_layer_state_outside_the_layer_tensors_is_caught_at_build(monkeypatc
     monkeypatch.setattr(engine.Transformer, "mlp_block", lambda self, x, L: L.gain * original(self, x, L))
     with pytest.raises(ValueError, match="per-layer state outside LayerWeights"):
         gr.build_unit(m.model, "mlp.t1", {"part": "mlp", "tokens": 1}, 2, "export")
+
+
+def test_speculative_graphs_are_compiled_saved_and_fingerprinted(tmp_path, eager):
+    """enable_speculative_decoder(k) adds a k+1-token graph per token bucket; it is saved like the others."""
+    def build(**nc):
+        m = helpers.NeuronModel.from_pretrained(None, neuron_config=NeuronConfig(**nc), **KW)
+        m.enable_speculative_decoder(3)
+        return m
+
+    ref = build().to_neuron()
+    m = build(compiled="export").to_neuron()
+    assert {"speculative128.attn", "mlp.t4"} <= {r["graph"] for r in m.build_report}
+    ids, cache_ids = _ids()[:, :4], torch.arange(40, 44)
+    for model in (ref, m):
+        model.forward(_ids(), start_ids=None)  # fill the cache with the prompt
+    expected = ref.speculative_forward(ids, cache_ids)
+    assert torch.equal(m.speculative_forward(ids, cache_ids), expected)
+    m.save(tmp_path / "spec")
+    loaded = build().load(tmp_path / "spec").to_neuron()
+    loaded.forward(_ids())
+    assert torch.equal(loaded.speculative_forward(ids, cache_ids), expected)
+    with pytest.raises(gr.ArtifactMismatchError, match="speculation_length: saved 3, now 0"):
+        helpers.NeuronModel.from_pretrained(None, **KW).load(tmp_path / "spec")
