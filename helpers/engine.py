@@ -154,24 +154,36 @@ class Transformer:
             return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
         return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=self.w.n_q != self.w.n_kv)
 
-    def attn_block(self, x, L: LayerWeights, k_cache, v_cache, cos, sin, slots, kv_len: int, attn_mask):
-        """One layer's attention up to its all-reduce: writes this step's K/V into the layer's cache
-        ``[B, n_kv, n_positions, D]`` at ``slots`` and attends over positions ``[0, kv_len)``."""
-        a, w = self.args, self.w
-        B, T, _ = x.shape
-        D = a.head_dim
-        nq, nkv = w.n_q * D, w.n_kv * D
-        h = rms_norm(x, L.ln1, a.rms_norm_eps)
+    def qkv(self, L: LayerWeights, h):
+        """Column-parallel fused projection -> q, k, v, each [B, T, heads * head_dim] of this rank."""
+        nq, nkv = self.w.n_q * self.args.head_dim, self.w.n_kv * self.args.head_dim
         qkv = self.linear(h, L.wqkv, L.bqkv)
-        q = qkv[..., :nq].view(B, T, w.n_q, D).transpose(1, 2)
-        k = qkv[..., nq:nq + nkv].view(B, T, w.n_kv, D).transpose(1, 2)
-        v = qkv[..., nq + nkv:].view(B, T, w.n_kv, D).transpose(1, 2)
+        return qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
+
+    def attend_heads(self, i: int, q, k, v, cos, sin, slots, kv_len: int, attn_mask):
+        """RoPE, write K/V at ``slots`` of layer i's cache, attend over [0, kv_len) -> [B, T, n_q * head_dim]."""
+        B, T, _ = q.shape
+        D = self.args.head_dim
+        q = q.reshape(B, T, -1, D).transpose(1, 2)
+        k = k.reshape(B, T, -1, D).transpose(1, 2)
+        v = v.reshape(B, T, -1, D).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        k_cache.index_copy_(2, slots, k)
-        v_cache.index_copy_(2, slots, v)
-        o = self.attention(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], attn_mask)
-        return self.linear(o.transpose(1, 2).reshape(B, T, nq), L.wo)
+        self.k_cache[i].index_copy_(2, slots, k)
+        self.v_cache[i].index_copy_(2, slots, v)
+        o = self.attention(q, self.k_cache[i, :, :, :kv_len], self.v_cache[i, :, :, :kv_len], attn_mask)
+        return o.transpose(1, 2).reshape(B, T, -1)
+
+    def attend(self, i: int, L: LayerWeights, h, cos, sin, slots, kv_len: int, attn_mask):
+        """Layer i's attention on this rank: [B, T, hidden] -> the input of the row-parallel o_proj."""
+        q, k, v = self.qkv(L, h)
+        return self.attend_heads(i, q, k, v, cos, sin, slots, kv_len, attn_mask)
+
+    def attn_block(self, i: int, x, L: LayerWeights, cos, sin, slots, kv_len: int, attn_mask):
+        """Layer i's attention from its input norm to o_proj, up to the all-reduce (one compiled graph
+        per bucket in helpers/graphs.py, which calls it with the layer's cache as layer 0's)."""
+        h = rms_norm(x, L.ln1, self.args.rms_norm_eps)
+        return self.linear(self.attend(i, L, h, cos, sin, slots, kv_len, attn_mask), L.wo)
 
     def mlp_block(self, x, L: LayerWeights):
         """One layer's gated MLP up to its all-reduce."""
@@ -183,8 +195,8 @@ class Transformer:
     @torch.inference_mode()
     def forward(self, tokens, rope_pos, slots, kv_len: int, mask, logit_idx=None, blocks=None):
         """``blocks`` = (attn, mlp) callables with the signatures of ``attn_block`` / ``mlp_block``:
-        the compiled per-bucket graphs of helpers/graphs.py; None = eager. The collectives stay here,
-        between blocks, so a compiled graph never contains one."""
+        the compiled per-bucket graphs of helpers/graphs.py; None = eager. The all-reduces stay here,
+        between blocks, so a compiled graph of a heads-sharded layout contains no collective."""
         a, w = self.args, self.w
         B, T = tokens.shape
         attn, mlp = blocks or (self.attn_block, self.mlp_block)
@@ -193,7 +205,7 @@ class Transformer:
         sin = self.sin[rope_pos].unsqueeze(1)
         attn_mask = mask.unsqueeze(1)
         for i, L in enumerate(w.layers):
-            o = attn(x, L, self.k_cache[i], self.v_cache[i], cos, sin, slots, kv_len, attn_mask)
+            o = attn(i, x, L, cos, sin, slots, kv_len, attn_mask)
             x = x + self.comm.all_reduce(o) + (L.bo if L.bo is not None else 0)
             x = x + self.comm.all_reduce(mlp(x, L))
         if logit_idx is not None:

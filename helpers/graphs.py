@@ -73,6 +73,13 @@ def layer_view(template: LayerWeights, names: list[str], tensors) -> LayerWeight
     return L
 
 
+def with_cache(tr: Transformer, k_cache, v_cache) -> Transformer:
+    """A shallow copy of ``tr`` whose layer 0 cache is the given layer cache (a view: writes go through)."""
+    t = copy.copy(tr)
+    t.k_cache, t.v_cache = k_cache[None], v_cache[None]
+    return t
+
+
 class AttnGraph(torch.nn.Module):
     """``(x, cos, sin, slots, attn_mask, k_cache, v_cache, *layer) -> attention output`` at a fixed shape."""
 
@@ -84,7 +91,7 @@ class AttnGraph(torch.nn.Module):
 
     def forward(self, x, cos, sin, slots, attn_mask, k_cache, v_cache, *layer):
         L = layer_view(self.template, self.names, layer)
-        return self.tr.attn_block(x, L, k_cache, v_cache, cos, sin, slots, self.kv_len, attn_mask)
+        return with_cache(self.tr, k_cache, v_cache).attn_block(0, x, L, cos, sin, slots, self.kv_len, attn_mask)
 
 
 class MlpGraph(torch.nn.Module):
@@ -185,7 +192,7 @@ def probe(tr: Transformer, unit: Unit, batch: int) -> float:
             cos, sin, slots, mask = args[1:5]
             kv_eager = [tr.k_cache[-1].clone(), tr.v_cache[-1].clone()]
             kv_graph = [tr.k_cache[-1].clone(), tr.v_cache[-1].clone()]
-            ref = tr.attn_block(x, L, *kv_eager, cos, sin, slots, unit.spec["bucket"], mask)
+            ref = with_cache(tr, *kv_eager).attn_block(0, x, L, cos, sin, slots, unit.spec["bucket"], mask)
             out = unit.fn(x, cos, sin, slots, mask, *kv_graph, *layer)
             pairs = [(out, ref), (kv_graph[0], kv_eager[0]), (kv_graph[1], kv_eager[1])]
     return max(((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-6)).item()
@@ -215,8 +222,9 @@ class BucketGraph:
         self.width = attn.spec["tokens"]
         self.names = layer_tensor_names(tr.w.layers[0])
 
-    def _attn(self, x, L, k_cache, v_cache, cos, sin, slots, kv_len, attn_mask):
-        return self.attn.fn(x, cos, sin, slots, attn_mask, k_cache, v_cache, *[getattr(L, n) for n in self.names])
+    def _attn(self, i, x, L, cos, sin, slots, kv_len, attn_mask):
+        return self.attn.fn(x, cos, sin, slots, attn_mask, self.tr.k_cache[i], self.tr.v_cache[i],
+                            *[getattr(L, n) for n in self.names])
 
     def _mlp(self, x, L):
         return self.mlp.fn(x, *[getattr(L, n) for n in self.names])
