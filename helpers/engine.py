@@ -91,8 +91,8 @@ class RankWeights:
 def shard_state(state: dict, args: ModelArgs, dtype: torch.dtype, rank: int = 0, tp: int = 1,
                 gqa: GQA | None = None) -> RankWeights:
     """Fuse and cast the checkpoint's tensors for one rank. tp=1 here; ``helpers.parallel`` shards."""
-    if tp != 1:
-        from .parallel import shard_state_tp  # tensor-parallel sharding with head padding
+    if tp != 1 or gqa is not None:
+        from .parallel import shard_state_tp  # tensor-parallel sharding with head padding / KV replication
 
         return shard_state_tp(state, args, dtype, rank, tp, gqa)
     p = "model."
@@ -153,28 +153,43 @@ class Transformer:
             return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
         return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=self.w.n_q != self.w.n_kv)
 
+    def qkv(self, L: LayerWeights, h):
+        """Column-parallel fused projection -> q, k, v, each [B, T, heads * head_dim] of this rank."""
+        nq, nkv = self.w.n_q * self.args.head_dim, self.w.n_kv * self.args.head_dim
+        qkv = self.linear(h, L.wqkv, L.bqkv)
+        return qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
+
+    def attend_heads(self, i: int, q, k, v, cos, sin, slots, kv_len: int, attn_mask):
+        """RoPE, write K/V at ``slots`` of layer i's cache, attend over [0, kv_len) -> [B, T, n_q * head_dim]."""
+        B, T, _ = q.shape
+        D = self.args.head_dim
+        q = q.reshape(B, T, -1, D).transpose(1, 2)
+        k = k.reshape(B, T, -1, D).transpose(1, 2)
+        v = v.reshape(B, T, -1, D).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        self.k_cache[i].index_copy_(2, slots, k)
+        self.v_cache[i].index_copy_(2, slots, v)
+        o = self.attention(q, self.k_cache[i, :, :, :kv_len], self.v_cache[i, :, :, :kv_len], attn_mask)
+        return o.transpose(1, 2).reshape(B, T, -1)
+
+    def attend(self, i: int, L: LayerWeights, h, cos, sin, slots, kv_len: int, attn_mask):
+        """Layer i's attention on this rank: [B, T, hidden] -> the input of the row-parallel o_proj.
+        Seam: ``helpers.parallel`` overrides it for SHARD_OVER_BATCH / ALL_GATHER_HEADS layouts."""
+        q, k, v = self.qkv(L, h)
+        return self.attend_heads(i, q, k, v, cos, sin, slots, kv_len, attn_mask)
+
     @torch.inference_mode()
     def forward(self, tokens, rope_pos, slots, kv_len: int, mask, logit_idx=None):
         a, w = self.args, self.w
         B, T = tokens.shape
-        D = a.head_dim
         x = F.embedding(tokens, w.embed)
         cos = self.cos[rope_pos].unsqueeze(1)  # [B,1,T,D]
         sin = self.sin[rope_pos].unsqueeze(1)
         attn_mask = mask.unsqueeze(1)
-        nq, nkv = w.n_q * D, w.n_kv * D
         for i, L in enumerate(w.layers):
             h = rms_norm(x, L.ln1, a.rms_norm_eps)
-            qkv = self.linear(h, L.wqkv, L.bqkv)
-            q = qkv[..., :nq].view(B, T, w.n_q, D).transpose(1, 2)
-            k = qkv[..., nq:nq + nkv].view(B, T, w.n_kv, D).transpose(1, 2)
-            v = qkv[..., nq + nkv:].view(B, T, w.n_kv, D).transpose(1, 2)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
-            self.k_cache[i].index_copy_(2, slots, k)
-            self.v_cache[i].index_copy_(2, slots, v)
-            o = self.attention(q, self.k_cache[i, :, :, :kv_len], self.v_cache[i, :, :, :kv_len], attn_mask)
-            o = self.linear(o.transpose(1, 2).reshape(B, T, nq), L.wo)
+            o = self.linear(self.attend(i, L, h, cos, sin, slots, kv_len, attn_mask), L.wo)
             x = x + self.comm.all_reduce(o) + (L.bo if L.bo is not None else 0)
             h = rms_norm(x, L.ln2, a.rms_norm_eps)
             gu = self.linear(h, L.w13)
@@ -223,6 +238,7 @@ class NeuronModel:
         self.n_positions = self.token_buckets[-1]
         self._validate()
         self.model: Transformer | None = None
+        self.speculation_length = 0
         self.build_report: list[dict] = []
         self.stats: dict = {}
 
@@ -248,6 +264,9 @@ class NeuronModel:
         if self.neuron_config.quant is not None:
             from .quant import check_quant_config
             check_quant_config(self.neuron_config.quant, self.amp)
+            if self.tp_degree != 1:
+                raise ValueError("int8 weight storage runs at tp_degree=1 in the reference engine: set tp_degree=1 "
+                                 "or drop neuron_config.quant")
 
     # -- build ----------------------------------------------------------------------------------
     def to_neuron(self) -> "NeuronModel":
@@ -287,7 +306,10 @@ class NeuronModel:
         fwd = self.model.forward
         if self.neuron_config.compiled:
             fwd = torch.compile(self.model.forward, dynamic=False, fullgraph=False)
-        for kind, sizes in (("context", self.context_buckets), ("token", self.token_buckets)):
+        kinds = [("context", self.context_buckets), ("token", self.token_buckets)]
+        if self.speculation_length:
+            kinds.append(("speculative", self.token_buckets))
+        for kind, sizes in kinds:
             for b in sizes:
                 self.graphs[(kind, b)] = fwd
                 self.build_report.append({"graph": f"{kind}[{b}]", "seconds": 0.0})
@@ -298,8 +320,13 @@ class NeuronModel:
         ts = [w.embed, w.norm] + ([] if w.lm_head is w.embed else [w.lm_head])
         for L in w.layers:
             ts += [t for t in (L.wqkv, L.wo, L.w13, L.w2, L.ln1, L.ln2, L.bqkv, L.bo) if t is not None]
-        total = sum(t.numel() * t.element_size() for t in ts)
-        return total + sum(t.numel() * t.element_size() for t in w.extra.values() if torch.is_tensor(t))
+        total = sum(t.nbytes for t in ts)  # int8 storage: helpers.quant.QuantWeight.nbytes (values + scales)
+        return total + sum(t.nbytes for t in w.extra.values() if torch.is_tensor(t))
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the preallocated K and V caches (this rank)."""
+        return self._require_built().kv_cache_bytes()
 
     def _require_built(self) -> Transformer:
         if self.model is None:
@@ -312,7 +339,8 @@ class NeuronModel:
             torch.cuda.synchronize()
 
     def _step(self, tokens, start_ids, first_slot: int, kind: str):
-        """Run ``tokens`` [B,T] at cache slots first_slot.. ; return logits of the last position [B,V]."""
+        """Run ``tokens`` [B,T] at cache slots first_slot.. ; return logits of the last position [B,V]
+        (kind "speculative": of every position, [B,T,V])."""
         B, T = tokens.shape
         last = first_slot + T
         if kind == "context":
@@ -327,10 +355,13 @@ class NeuronModel:
         slots = torch.arange(first_slot, first_slot + width, device=self.device)
         rope_pos = (slots[None, :] - start_ids[:, None]).clamp_(min=0)
         mask = build_mask(slots, start_ids, kv_len, self.args.sliding_window)
-        idx = torch.full((B, 1), T - 1, device=self.device)
+        if kind == "speculative":
+            idx = torch.arange(T, device=self.device).expand(B, T)
+        else:
+            idx = torch.full((B, 1), T - 1, device=self.device)
         logits = self.graphs[(kind, width if kind == "context" else kv_len)](
             tokens, rope_pos, slots, kv_len, mask, idx)
-        return logits[:, -1]
+        return logits if kind == "speculative" else logits[:, -1]
 
     def _encode_prompt(self, input_ids, start_ids):
         """Context encoding up to the largest context bucket, then token by token (as transformers-neuronx)."""
@@ -353,6 +384,34 @@ class NeuronModel:
         if first == 0:
             return self._encode_prompt(input_ids, start)
         return self._step(input_ids, start, first, "token")
+
+    def enable_speculative_decoder(self, speculation_length: int) -> None:
+        """Build a verification graph that scores ``speculation_length + 1`` tokens in one forward
+        (the last accepted token + k draft tokens). As on Neuron, call it before ``to_neuron()``."""
+        if self.model is not None:
+            raise RuntimeError("enable_speculative_decoder(k) must be called before to_neuron(): the "
+                               "speculative graph is compiled with the others (transformers-neuronx: same rule)")
+        if int(speculation_length) < 1:
+            raise ValueError(f"speculation_length={speculation_length}: must be >= 1")
+        if int(speculation_length) + 1 > self.token_buckets[-1]:
+            raise ValueError(f"speculation_length={speculation_length} does not fit n_positions={self.n_positions}")
+        self.speculation_length = int(speculation_length)
+
+    @torch.inference_mode()
+    def speculative_forward(self, input_ids, cache_ids, start_ids=None):
+        """Logits [B, T, vocab] for every position of ``input_ids`` [B, T] written at ``cache_ids``
+        (T = speculation_length + 1: one fixed-shape graph per token bucket)."""
+        self._require_built()
+        if not self.speculation_length:
+            raise RuntimeError("call enable_speculative_decoder(k) before to_neuron() to build the speculative graph")
+        T = input_ids.shape[1]
+        if T != self.speculation_length + 1:
+            raise ValueError(f"the speculative graph takes {self.speculation_length + 1} tokens, got {T}")
+        first = int(torch.as_tensor(cache_ids).reshape(-1)[0])
+        if first + T > self.n_positions:
+            raise ValueError(f"positions {first}..{first + T - 1} exceed n_positions={self.n_positions}")
+        input_ids = input_ids.to(self.device)
+        return self._step(input_ids, self._start_ids(input_ids, start_ids, None), first, "speculative")
 
     def _start_ids(self, input_ids, start_ids, attention_mask):
         B = input_ids.shape[0]

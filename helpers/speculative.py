@@ -1,0 +1,345 @@
+"""Speculative sampling with the shape of transformers-neuronx's ``SpeculativeGenerator``.
+
+A draft proposes ``k`` tokens; the target scores the last accepted token plus the ``k`` drafts in
+one fixed-shape forward (its speculative graph, built by ``enable_speculative_decoder(k)`` before
+``to_neuron()``), and an acceptor keeps a prefix of the drafts plus one token of its own:
+
+* greedy (``top_k=1``): drafts are kept while they equal the target's argmax; then the target's
+  argmax follows. The output is token-identical to the target alone.
+* sampling: the modified rejection sampling of Leviathan et al. 2023 / Chen et al. 2023: keep draft
+  ``x`` with probability ``min(1, p(x) / q(x))``; at the first rejection draw from
+  ``norm(max(0, p - q))``; if all ``k`` are kept, draw a bonus token from the next ``p``. Every
+  emitted token is then distributed exactly as the target's ``p``.
+
+Drafts: :class:`PromptLookupDraft` (n-gram lookup in the sequence so far, no model: its ``q`` is
+one-hot) and :class:`ModelDraft` (any reference model with batch 1, e.g. a layer-truncated target).
+
+Differences from transformers-neuronx 0.13 (``speculation.py``), on purpose: the streamer receives
+each accepted token as a (1, 1) tensor (there: the prompt first, then zero-padded [batch, k]
+chunks), and ``sample`` takes ``top_k``/``top_p``/``temperature``/``generator``.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from .sampling import probabilities, validate_sampling_args
+
+
+# -- acceptance rules ----------------------------------------------------------------------------
+def accept_greedy(draft: torch.Tensor, p_logits: torch.Tensor) -> tuple[int, int]:
+    """draft [k], target logits [k+1, V] -> (number of drafts kept, the target's next token)."""
+    best = p_logits.argmax(-1)
+    n = 0
+    while n < draft.numel() and int(draft[n]) == int(best[n]):
+        n += 1
+    return n, int(best[n])
+
+
+def accept_rejection(draft: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
+                     generator: torch.Generator | None = None) -> tuple[int, int]:
+    """Modified rejection sampling. draft [k]; q [k, V] the draft's probabilities (None: a
+    deterministic draft, q one-hot); p [k+1, V] the target's. Returns (kept, next token)."""
+    k = draft.numel()
+    for i in range(k):
+        x = int(draft[i])
+        qx = 1.0 if q is None else float(q[i, x])
+        px = float(p[i, x])
+        u = float(torch.rand((), generator=generator))
+        if qx > 0 and u < min(1.0, px / qx):
+            continue
+        residual = p[i].clone()
+        if q is None:
+            residual[x] = 0.0
+        else:
+            residual = (p[i] - q[i]).clamp_(min=0.0)
+        total = float(residual.sum())
+        if total <= 0:  # p == q: rejection has probability 0; keep the target's own draw
+            residual = p[i]
+        return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+    return k, int(torch.multinomial(p[k], 1, generator=generator))
+
+
+def accept_always_broken(draft, q, p, generator=None) -> tuple[int, int]:
+    """A deliberately WRONG rule (keeps every draft): used to show the distribution tests fail."""
+    return draft.numel(), int(torch.multinomial(p[-1], 1, generator=generator))
+
+
+# -- drafts --------------------------------------------------------------------------------------
+class PromptLookupDraft:
+    """Drafts by finding the most recent earlier occurrence of the last ``ngram`` tokens and
+    proposing the ``k`` tokens that followed it (falls back to shorter n-grams, then to repeating
+    the last token). Costs no model forward; its distribution is one-hot (q = None)."""
+
+    def __init__(self, ngram: int = 3):
+        if ngram < 1:
+            raise ValueError("ngram must be >= 1")
+        self.ngram = ngram
+
+    def reset(self, seq: torch.Tensor):
+        pass
+
+    def propose(self, seq: torch.Tensor, k: int, top_k=1, top_p=1.0, temperature=1.0, generator=None):
+        s = seq.tolist()
+        for n in range(min(self.ngram, len(s) - 1), 0, -1):
+            tail = s[-n:]
+            for start in range(len(s) - n - 1, -1, -1):
+                if s[start:start + n] == tail:
+                    follow = s[start + n:start + n + k]
+                    follow += [follow[-1]] * (k - len(follow))
+                    return torch.tensor(follow), None
+        return torch.full((k,), s[-1]), None
+
+
+class ModelDraft:
+    """A batch-1 reference model as the draft. It keeps its own KV cache in step with the
+    accepted sequence and drafts from its own (warped) distribution."""
+
+    def __init__(self, model):
+        if model.batch_size != 1:
+            raise ValueError("the draft model must be built with batch_size=1")
+        self.model = model
+        self.filled = 0  # cache slots holding the accepted sequence's tokens
+
+    def reset(self, prompt: torch.Tensor):
+        """Context-encode the prompt; the first proposal feeds the target's first token."""
+        self.model.forward(prompt[None])
+        self.filled = prompt.numel()
+
+    def propose(self, seq: torch.Tensor, k: int, top_k=1, top_p=1.0, temperature=1.0, generator=None):
+        m = self.model
+        if seq.numel() + k > m.n_positions:
+            raise ValueError("the draft's n_positions is too small for this sequence")
+        start = torch.zeros(1, dtype=torch.long, device=m.device)
+        logits = None
+        for pos in range(self.filled, seq.numel()):  # catch up with tokens accepted last round
+            logits = m._step(seq[None, pos:pos + 1].to(m.device), start, pos, "token")
+        drafts, qs = [], []
+        for i in range(k):
+            q = probabilities(logits, top_k, top_p, temperature)[0]
+            tok = int(q.argmax()) if top_k == 1 else int(torch.multinomial(q, 1, generator=generator))
+            drafts.append(tok)
+            qs.append(q.cpu())
+            if i + 1 < k:
+                logits = m._step(torch.tensor([[tok]], device=m.device), start, seq.numel() + i, "token")
+        # slots seq.numel() .. +k-2 hold drafts 1..k-1; the caller tells us how many were accepted
+        self._pending = seq.numel()
+        return torch.tensor(drafts), (None if top_k == 1 else torch.stack(qs))
+
+    def accepted(self, n_kept: int, k: int):
+        self.filled = self._pending + min(n_kept, k - 1)
+
+
+# -- the generator -------------------------------------------------------------------------------
+class SpeculativeGenerator:
+    """``SpeculativeGenerator(draft, target, k)`` as in transformers-neuronx; ``draft`` is a
+    reference model (wrapped in :class:`ModelDraft`) or a draft provider such as
+    :class:`PromptLookupDraft`. ``acceptor`` overrides the sampling rule (tests use a broken one)."""
+
+    def __init__(self, draft, target, k: int = 4, acceptor=None):
+        if getattr(target, "speculation_length", 0) != k:
+            raise ValueError(f"the target must be built with enable_speculative_decoder({k}) before to_neuron() "
+                             f"(it has speculation_length={getattr(target, 'speculation_length', 0)})")
+        if target.batch_size != 1:
+            raise ValueError(f"speculative sampling runs batch_size=1 (the target has {target.batch_size}), "
+                             "as the Neuron speculative generators do: rebuild the target with batch_size=1")
+        self.draft = draft if hasattr(draft, "propose") else ModelDraft(draft)
+        self.target, self.k, self.acceptor = target, k, acceptor or accept_rejection
+        self.stats: dict = {}
+
+    @torch.inference_mode()
+    def sample(self, input_ids, sequence_length: int, start_ids=None, eos_token_id=None, pad_token_id: int = 0,
+               attention_mask=None, streamer=None, output_logits: bool = False, top_k: int = 1,
+               top_p: float = 1.0, temperature: float = 1.0, generator: torch.Generator | None = None):
+        validate_sampling_args(top_k, top_p, temperature)
+        input_ids = torch.as_tensor(input_ids)
+        if input_ids.dim() == 2:
+            if input_ids.shape[0] != 1:
+                raise ValueError(f"speculative sampling runs batch_size=1, got {input_ids.shape[0]} rows")
+            input_ids = input_ids[0]
+        if attention_mask is not None and bool((torch.as_tensor(attention_mask) == 0).any()):
+            raise ValueError("batch 1 needs no padding: pass the prompt without pad tokens")
+        t, k = self.target, self.k
+        if sequence_length > t.n_positions:
+            raise ValueError(f"sequence_length={sequence_length} exceeds the target's n_positions={t.n_positions}")
+        eos = set() if eos_token_id is None else ({eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id))
+        t0 = time.perf_counter()
+        seq = input_ids.clone()
+        logits = t.forward(seq[None])  # context encoding: the target's first token
+        first = self._select(logits, top_k, top_p, temperature, generator)
+        seq = torch.cat([seq, torch.tensor([first])])
+        self.draft.reset(input_ids)
+        if streamer is not None:
+            streamer.put(torch.tensor([[first]]))
+        rounds, kept_total, all_logits = 0, 0, [logits.cpu()] if output_logits else None
+        L = input_ids.numel()
+        while seq.numel() < sequence_length and not (eos and int(seq[-1]) in eos):
+            cur = seq.numel()
+            if cur - 1 + k + 1 > t.n_positions:  # no room for a full speculative window: plain steps
+                logits = t._step(seq[None, -1:].to(t.device), torch.zeros(1, dtype=torch.long, device=t.device),
+                                 cur - 1, "token")
+                new = [self._select(logits, top_k, top_p, temperature, generator)]
+            else:
+                drafts, q = self.draft.propose(seq, k, top_k, top_p, temperature, generator)
+                window = torch.cat([seq[-1:], drafts])[None]
+                p_logits = t.speculative_forward(window, torch.tensor([cur - 1]))[0].float()
+                if top_k == 1:
+                    n, nxt = accept_greedy(drafts, p_logits)
+                else:
+                    n, nxt = self.acceptor(drafts, q, probabilities(p_logits, top_k, top_p, temperature), generator)
+                if hasattr(self.draft, "accepted"):
+                    self.draft.accepted(n, k)
+                new = drafts[:n].tolist() + [nxt]
+                rounds += 1
+                kept_total += n
+                if output_logits:
+                    all_logits.append(p_logits[: n + 1].cpu())
+            if eos:
+                cut = next((i for i, x in enumerate(new) if x in eos), None)
+                new = new if cut is None else new[:cut + 1]
+            new = new[: sequence_length - seq.numel()]
+            seq = torch.cat([seq, torch.tensor(new)])
+            if streamer is not None:
+                for x in new:
+                    streamer.put(torch.tensor([[x]]))
+        if streamer is not None:
+            streamer.end()
+        self.stats = {"new_tokens": seq.numel() - L, "rounds": rounds, "drafts_kept": kept_total,
+                      "acceptance_rate": kept_total / (rounds * k) if rounds else 0.0,
+                      "tokens_per_round": (kept_total + rounds) / rounds if rounds else 0.0,
+                      "total_s": time.perf_counter() - t0}
+        if output_logits:
+            self.stats["logits"] = all_logits
+        return seq[None]
+
+    @staticmethod
+    def _select(logits, top_k, top_p, temperature, generator):
+        if top_k == 1:
+            return int(logits[0].argmax())
+        return int(torch.multinomial(probabilities(logits, top_k, top_p, temperature)[0], 1, generator=generator))
+
+
+# -- analytic model ------------------------------------------------------------------------------
+def expected_tokens_per_round(alpha: float, k: int) -> float:
+    """Leviathan et al. 2023, eq. 1: E[tokens per target call] = (1 - alpha^(k+1)) / (1 - alpha)."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def expected_speedup(alpha: float, k: int, cost_ratio: float, verify_ratio: float = 1.0) -> float:
+    """Speedup over plain decoding when one round costs ``k * cost_ratio`` draft steps plus one
+    verification (``verify_ratio`` target steps: a (k+1)-token forward costs about one decode step
+    when decoding is bound by reading the weights)."""
+    return expected_tokens_per_round(alpha, k) / (k * cost_ratio + verify_ratio)
+
+
+def write_truncated_draft(model_path, n_layers: int, dest) -> Path:
+    """A layer-truncated copy of a Llama/Mistral checkpoint (the first ``n_layers`` blocks, the
+    embeddings, final norm and LM head), written once to ``dest`` as a checkpoint directory."""
+    from safetensors.torch import save_file
+
+    from .model_store import load_config, load_state_dict, resolve_model_path
+
+    src, dest = resolve_model_path(model_path), Path(dest)
+    cfg = load_config(src)
+    if not 1 <= n_layers <= cfg["num_hidden_layers"]:
+        raise ValueError(f"n_layers={n_layers}: choose 1..{cfg['num_hidden_layers']}")
+    if (dest / "config.json").is_file() and json.loads((dest / "config.json").read_text()).get(
+            "num_hidden_layers") == n_layers:
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    state = {n: t.contiguous() for n, t in load_state_dict(src).items()
+             if not n.startswith("model.layers.") or int(n.split(".")[2]) < n_layers}
+    save_file(state, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    (dest / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": n_layers}, indent=2))
+    return dest
+
+
+# -- distribution checks -------------------------------------------------------------------------
+def tv_distance(a: dict, b: dict) -> float:
+    """Total-variation distance between two empirical distributions given as {outcome: count}."""
+    na, nb = sum(a.values()), sum(b.values())
+    return 0.5 * sum(abs(a.get(x, 0) / na - b.get(x, 0) / nb) for x in set(a) | set(b))
+
+
+def tv_bound(n_samples: int, support: int, delta: float = 1e-3) -> float:
+    """TV distance that an empirical distribution of ``n_samples`` draws exceeds with probability
+    at most ``delta`` (Bretagnolle-Huber-Carol: P(|p_hat - p|_1 >= e) <= 2^V exp(-n e^2 / 2))."""
+    import math
+
+    return 0.5 * math.sqrt(2 * (support * math.log(2) + math.log(1 / delta)) / n_samples)
+
+
+def two_sample_tv_bound(n_a: int, n_b: int, support: int, delta: float = 1e-3) -> float:
+    """Bound on TV(p_hat_a, p_hat_b) when both come from the same distribution (union bound)."""
+    return tv_bound(n_a, support, delta / 2) + tv_bound(n_b, support, delta / 2)
+
+
+def first_emitted_distribution(acceptor, p: torch.Tensor, q: torch.Tensor | None, draft_fixed=None,
+                               n: int = 20000, seed: int = 0) -> dict:
+    """Run ``acceptor`` ``n`` times on synthetic target ``p`` [k+1, V] and draft ``q`` [k, V] (drafts
+    drawn from q, or ``draft_fixed`` for a deterministic draft) and count the first emitted token."""
+    g = torch.Generator().manual_seed(seed)
+    counts: dict = {}
+    for _ in range(n):
+        draft = draft_fixed if q is None else torch.multinomial(q, 1, generator=g).squeeze(1)
+        kept, nxt = acceptor(draft, q, p, g)
+        x = int(draft[0]) if kept >= 1 else nxt
+        counts[x] = counts.get(x, 0) + 1
+    return counts
+
+
+def window_counts(sample_fn, n: int, prompt_len: int, width: int = 2, seed0: int = 0) -> dict:
+    """Counts of the generated tokens ``[prompt_len, prompt_len + width)`` over ``n`` seeds;
+    ``sample_fn(generator)`` returns [1, seq] ids. Token 1 is the target's own draw, token 2 is
+    the first token decided inside a speculation window."""
+    counts: dict = {}
+    for s in range(n):
+        out = sample_fn(torch.Generator().manual_seed(seed0 + s))
+        key = tuple(out[0, prompt_len:prompt_len + width].tolist())
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def step_cost(model, k: int, repeats: int = 5, prompt_len: int = 16) -> float:
+    """Median seconds of one ``k``-token forward (k=1: a decode step) at position ``prompt_len``."""
+    import statistics
+
+    ids = torch.randint(10, 1000, (model.batch_size, k), generator=torch.Generator().manual_seed(0)).to(model.device)
+    start = torch.zeros(model.batch_size, dtype=torch.long, device=model.device)
+    kind = "token" if k == 1 else "speculative"
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        model._step(ids, start, prompt_len, kind)
+        model._sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def sweep_k(build_target, draft_factory, ks, input_ids, sequence_length: int, eos_token_id=None) -> list[dict]:
+    """Greedy speculation for each k against the plain decode of the same engine: tokens/s, the
+    acceptance rate, tokens per target call, and whether the output is token-identical."""
+    plain_model = build_target(0)
+    plain_model.sample(input_ids, input_ids.shape[1] + 2, top_k=1)  # warm-up
+    t0 = time.perf_counter()
+    plain = plain_model.sample(input_ids, sequence_length, top_k=1, eos_token_override=eos_token_id)
+    plain_s = time.perf_counter() - t0
+    n_new = plain.shape[1] - input_ids.shape[1]
+    rows = []
+    for k in ks:
+        target = build_target(k)
+        gen = SpeculativeGenerator(draft_factory(), target, k)
+        gen.sample(input_ids, input_ids.shape[1] + 2)  # warm-up
+        t0 = time.perf_counter()
+        out = gen.sample(input_ids, sequence_length, eos_token_id=eos_token_id)
+        spec_s = time.perf_counter() - t0
+        rows.append({"k": k, "identical": bool(torch.equal(out, plain)), "acceptance_rate": gen.stats["acceptance_rate"],
+                     "tokens_per_round": gen.stats["tokens_per_round"], "spec_tokens_per_s": n_new / spec_s,
+                     "plain_tokens_per_s": n_new / plain_s, "speedup": plain_s / spec_s,
+                     "verify_cost_ratio": step_cost(target, k + 1) / step_cost(target, 1)})
+    return rows

@@ -1,0 +1,138 @@
+"""Speculative sampling: the acceptance rule's output distribution equals the target's (exact
+test on synthetic distributions with a sample-size bound), greedy output equals the target alone,
+and the refusals. A deliberately broken rule must fail the same checks."""
+import pytest
+import torch
+
+import helpers
+from helpers.speculative import (ModelDraft, PromptLookupDraft, SpeculativeGenerator, accept_always_broken,
+                                 accept_greedy, accept_rejection, expected_tokens_per_round,
+                                 first_emitted_distribution, tv_bound, tv_distance, two_sample_tv_bound,
+                                 write_truncated_draft)
+from tiny_models import write_tiny
+
+V, K, N = 6, 3, 20000
+
+
+def _dists(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    p = torch.softmax(torch.randn(K + 1, V, generator=g) * 1.5, -1)
+    q = torch.softmax(torch.randn(K, V, generator=g) * 1.5, -1)
+    return p, q
+
+
+def _as_counts(p, n):
+    return {i: float(p[i]) * n for i in range(p.numel())}
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["sampled-draft", "one-hot-draft"])
+def test_rejection_sampling_emits_the_target_distribution(deterministic):
+    p, q = _dists()
+    fixed = torch.tensor([int(q[i].argmax()) for i in range(K)]) if deterministic else None
+    counts = first_emitted_distribution(accept_rejection, p, None if deterministic else q, fixed, n=N)
+    bound = tv_bound(N, V)
+    assert tv_distance(counts, _as_counts(p[0], N)) < bound
+    broken = first_emitted_distribution(accept_always_broken, p, None if deterministic else q, fixed, n=N)
+    assert tv_distance(broken, _as_counts(p[0], N)) > bound, "the broken rule must be detected"
+
+
+def test_rejection_with_identical_distributions_accepts_everything():
+    p, _ = _dists(1)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        draft = torch.multinomial(p[:K], 1, generator=g).squeeze(1)
+        assert accept_rejection(draft, p[:K], p, g)[0] == K
+
+
+def test_greedy_acceptance():
+    logits = torch.tensor([[0.0, 5, 1], [3, 0, 1], [0, 0, 9]])
+    assert accept_greedy(torch.tensor([1, 0]), logits) == (2, 2)
+    assert accept_greedy(torch.tensor([1, 2]), logits) == (1, 0)
+    assert accept_greedy(torch.tensor([0, 2]), logits) == (0, 1)
+
+
+def test_analytic_model():
+    assert expected_tokens_per_round(0.0, 4) == 1.0
+    assert expected_tokens_per_round(1.0, 4) == 5.0
+    assert expected_tokens_per_round(0.5, 2) == pytest.approx(1.75)
+
+
+def test_prompt_lookup_draft_continues_the_last_match():
+    d = PromptLookupDraft(ngram=2)
+    toks, q = d.propose(torch.tensor([5, 6, 7, 8, 9, 5, 6]), 3)
+    assert toks.tolist() == [7, 8, 9] and q is None
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    write_tiny(path, "llama", num_hidden_layers=4)
+    return path
+
+
+def _target(path, k, **kw):
+    m = helpers.NeuronModel.from_pretrained(path, n_positions=128, **kw)
+    m.enable_speculative_decoder(k)
+    return m.to_neuron()
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_speculation_is_token_identical_to_the_target(tiny, tmp_path, k):
+    target = _target(tiny, k)
+    ids = torch.randint(3, 250, (1, 12), generator=torch.Generator().manual_seed(k))
+    plain = target.sample(ids, 60, top_k=1, eos_token_override=[])
+    draft_dir = write_truncated_draft(tiny, 2, tmp_path / "draft")
+    draft = helpers.NeuronModel.from_pretrained(draft_dir, n_positions=128).to_neuron()
+    for d in (PromptLookupDraft(2), draft):
+        streamed = []
+
+        class S:
+            def put(self, v):
+                streamed.append(int(v.reshape(-1)[0]))
+
+            def end(self):
+                streamed.append("end")
+
+        gen = SpeculativeGenerator(d, target, k)
+        out = gen.sample(ids, 60, streamer=S())
+        assert torch.equal(out, plain), type(d).__name__
+        assert streamed[:-1] == out[0, 12:].tolist() and streamed[-1] == "end"
+
+
+def test_sampled_speculation_end_to_end_matches_target_distribution(tiny, tmp_path):
+    """Two-sample test on generated tokens 1-2 (token 2 is inside the first speculation window)."""
+    k, n = 2, 400
+    target = _target(tiny, k)
+    draft = helpers.NeuronModel.from_pretrained(write_truncated_draft(tiny, 1, tmp_path / "d"), n_positions=128).to_neuron()
+    ids = torch.randint(3, 250, (1, 8), generator=torch.Generator().manual_seed(0))
+    kw = dict(top_k=3, temperature=1.5)
+
+    def spec(acceptor):
+        gen = SpeculativeGenerator(ModelDraft(draft), target, k, acceptor=acceptor)
+        c = {}
+        for s in range(n):
+            out = gen.sample(ids, 10, generator=torch.Generator().manual_seed(s), **kw)
+            key = tuple(out[0, 8:10].tolist())
+            c[key] = c.get(key, 0) + 1
+        return c
+
+    plain = {}
+    for s in range(n):
+        out = target.sample(ids, 10, generator=torch.Generator().manual_seed(10_000 + s), **kw)
+        key = tuple(out[0, 8:10].tolist())
+        plain[key] = plain.get(key, 0) + 1
+    bound = two_sample_tv_bound(n, n, support=9)
+    assert tv_distance(spec(accept_rejection), plain) < bound
+    assert tv_distance(spec(accept_always_broken), plain) > bound
+
+
+def test_refusals(tiny):
+    built = helpers.NeuronModel.from_pretrained(tiny, n_positions=128).to_neuron()
+    with pytest.raises(RuntimeError, match="before to_neuron"):
+        built.enable_speculative_decoder(2)
+    with pytest.raises(ValueError, match="enable_speculative_decoder\\(2\\)"):
+        SpeculativeGenerator(PromptLookupDraft(), built, 2)
+    m2 = helpers.NeuronModel.from_pretrained(tiny, n_positions=128, batch_size=2)
+    m2.enable_speculative_decoder(2)
+    with pytest.raises(ValueError, match="batch_size=1"):
+        SpeculativeGenerator(PromptLookupDraft(), m2.to_neuron(), 2)
