@@ -51,6 +51,22 @@ def default_model_path() -> Path:
     return cache_dir() / DEFAULT_MODEL_NAME
 
 
+def with_legacy_keys(config: dict) -> dict:
+    """``config`` plus the pre-transformers-5 keys the Neuron stacks read (they run on transformers
+    <4.48 / 4.57): ``rope_theta`` (and ``rope_scaling`` for non-default RoPE) from ``rope_parameters``,
+    ``torch_dtype`` from ``dtype``. Without them transformers-neuronx silently uses rope_theta=10000
+    (``llama/config.py``). transformers 5 ignores the extra keys."""
+    out = dict(config)
+    rope = out.get("rope_parameters")
+    if rope and "rope_theta" not in out:
+        out["rope_theta"] = rope["rope_theta"]
+        if rope.get("rope_type", "default") != "default" and "rope_scaling" not in out:
+            out["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    if "dtype" in out and "torch_dtype" not in out:
+        out["torch_dtype"] = out["dtype"]
+    return out
+
+
 def convert_gguf(dest: Path) -> Path:
     """De-quantize the GGUF (Q4_1) into an f32 safetensors checkpoint at ``dest``."""
     from safetensors.torch import save_file
@@ -70,7 +86,7 @@ def convert_gguf(dest: Path) -> Path:
     config = model.config.to_dict()
     config.pop("quantization_config", None)
     config["_name_or_path"] = DEFAULT_MODEL_NAME
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    (tmp / "config.json").write_text(json.dumps(with_legacy_keys(config), indent=2))
     model.generation_config.to_json_file(str(tmp / "generation_config.json"))
     tok.save_pretrained(tmp)
     shutil.rmtree(dest, ignore_errors=True)
@@ -84,6 +100,9 @@ def resolve_model_path(model_path: str | os.PathLike | None = None) -> Path:
         dest = default_model_path()
         if not (dest / "config.json").is_file():
             convert_gguf(dest)
+        cfg = json.loads((dest / "config.json").read_text())
+        if with_legacy_keys(cfg) != cfg:  # a copy converted before the legacy keys were added
+            (dest / "config.json").write_text(json.dumps(with_legacy_keys(cfg), indent=2))
         return dest
     path = Path(model_path).expanduser()
     if not (path / "config.json").is_file():

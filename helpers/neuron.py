@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from .buckets import tnx_context_buckets, tnx_token_buckets
-from .model_store import resolve_model_path
+from .model_store import resolve_model_path, with_legacy_keys
 
 STACKS = ("tnx", "nxdi")
 AMP_TO_TORCH_DTYPE = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
@@ -256,17 +256,10 @@ def neuron_model_dir(model_path=None, cache_dir=None) -> str:
     """
     src = Path(resolve_model_path(model_path))
     cfg = read_hf_config(src)
-    rope = cfg.get("rope_parameters")
-    if not rope or "rope_theta" in cfg:
+    legacy = with_legacy_keys(cfg)
+    if legacy == cfg:
         return str(src)
-    legacy = dict(cfg)
-    legacy["rope_theta"] = rope["rope_theta"]
-    rope_type = rope.get("rope_type", "default")
-    if rope_type != "default":
-        legacy["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
-    legacy.pop("rope_parameters")
-    if "dtype" in legacy and "torch_dtype" not in legacy:
-        legacy["torch_dtype"] = legacy["dtype"]
+    legacy.pop("rope_parameters", None)
     digest = hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:10]
     dst = Path(cache_dir or src.parent) / f"{src.name}-neuron-{digest}"
     dst.mkdir(parents=True, exist_ok=True)

@@ -167,7 +167,12 @@ def run_neuron_cells(nb_path: str | os.PathLike, stack: str, overrides: dict | N
         _check_plain_python(src[i], f"{stem} cell {i}")
         run.steps.append(Step(i, role, src[i]))
         done.add(i)
-        exec(compile(src[i], f"<{stem} cell {i} ({role})>", "exec"), ns)
+        try:
+            exec(compile(src[i], f"<{stem} cell {i} ({role})>", "exec"), ns)
+        except Exception as exc:
+            exc.add_note(f"[contract harness] in {stem} cell {i} ({role}); ran so far: "
+                         + ", ".join(f"{s.index} ({s.role})" for s in run.steps))
+            raise
 
     def resolve(i: int, chain: tuple = ()):
         for name in sorted(free_names(src[i])):

@@ -233,10 +233,13 @@ def test_helpers_keyword_list_matches_the_stand_in(contract):
 
 
 def test_stand_ins_leave_no_trace():
-    with harness.stand_ins():
-        import transformers_neuronx  # noqa: F401
-    assert "transformers_neuronx" not in sys.modules
-    assert all(not p.endswith("stubs") for p in sys.path)
     from helpers.backend import installed_stacks
 
-    assert installed_stacks() == []
+    before = installed_stacks()  # [] here; the real stacks on an inf2 instance
+    with harness.stand_ins():
+        import transformers_neuronx
+
+        assert transformers_neuronx.__file__.startswith(str(harness.STUBS))
+    assert all(not p.endswith("stubs") for p in sys.path)
+    assert installed_stacks() == before
+    assert not any(str(harness.STUBS) in str(getattr(m, "__file__", "") or "") for m in list(sys.modules.values()))

@@ -49,7 +49,9 @@ class NeuronModelBase:
             assert max_n >= max_c, f"Max context_length_estimate {max_c} cannot be more than max n_positions {max_n}."
         cfg = _read_config(pretrained_model_path)
         model = cls(cfg, *model_args, **kwargs)
-        if not cfg.get("is_presharded_checkpoint"):
+        if cfg.get("is_presharded_checkpoint"):
+            model._using_presharded_weights = pretrained_model_path
+        else:
             names = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                      "pytorch_model.bin.index.json")
             if not any(os.path.exists(os.path.join(pretrained_model_path, n)) for n in names):
@@ -93,6 +95,10 @@ class NeuronModelBase:
         if sharded_weights:
             assert self.neuron_config.on_device_embedding, \
                 "on_device_embedding must be True to save and load presharded weights"
+            # _save_presharded_weights, then config.json with is_presharded_checkpoint=True: a later
+            # from_pretrained(directory) loads these weights (base.py save).
+            with open(os.path.join(directory, "config.json"), "w") as fh:
+                json.dump({**self.config, "is_presharded_checkpoint": True}, fh)
         contract.record("tnx.save", directory=str(directory), sharded_weights=sharded_weights)
 
     def load(self, directory):
@@ -106,6 +112,9 @@ class NeuronModelBase:
         pass
 
     def to_neuron(self):
+        if getattr(self, "_using_presharded_weights", None):
+            assert self.neuron_config.on_device_embedding, \
+                "on_device_embedding must be True to save and load presharded weights"
         d = self._compiled_artifacts_directory
         if d is not None:
             if not os.path.isdir(d):
