@@ -52,15 +52,43 @@ def rope_inv_freq(args: ModelArgs) -> tuple[torch.Tensor, float]:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # As transformers' LlamaRMSNorm: statistics in f32, scale in the input dtype.
+    # As transformers' LlamaRMSNorm: statistics in f32, scale in the input dtype. In f32 that is
+    # exactly torch's fused rms_norm (one kernel instead of six).
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """transformers' ``x * cos + rotate_half(x) * sin`` with the sign of rotate_half folded into
+    ``sin_signed`` = cat(-sin[:D/2], sin[D/2:]): three kernels instead of six."""
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+    return torch.addcmul(x * cos, torch.cat((x2, x1), dim=-1), sin_signed)
+
+
+def column_major(t: torch.Tensor) -> torch.Tensor:
+    """The same [out, in] tensor stored [in, out] in memory (shape unchanged, strides swapped)."""
+    return t.t().contiguous().t()
+
+
+def decode_layout(w: "RankWeights") -> None:
+    """Store f32 weights for fast batch-1 matmuls on CPU (decode reads every weight once per token).
+
+    For a [1, in] x [out, in]^T product, MKL streams an [in, out]-contiguous weight ~1.6-2x faster
+    than the checkpoint's [out, in] rows when out >= in (fused QKV, o_proj, gate/up, LM head);
+    down_proj (out < in) is faster as stored. transformers-neuronx stores its weights transposed
+    too (``llama/model.py`` ``load_weights``: ``q_proj.weight.detach().T``). Shapes are unchanged,
+    so every seam that takes [out, in] weights (``Transformer.linear``, quantizers) still works.
+    """
+    fast = lambda t: column_major(t) if t.shape[0] >= t.shape[1] else t  # noqa: E731
+    for L in w.layers:
+        L.wqkv, L.wo, L.w13, L.w2 = fast(L.wqkv), fast(L.wo), fast(L.w13), fast(L.w2)
+    tied = w.lm_head is w.embed
+    w.lm_head = fast(w.lm_head)
+    if tied:  # one tensor serves both (an embedding row gather reads 576 strided floats: cheap)
+        w.embed = w.lm_head
 
 
 @dataclass
@@ -92,8 +120,8 @@ class RankWeights:
 def shard_state(state: dict, args: ModelArgs, dtype: torch.dtype, rank: int = 0, tp: int = 1,
                 gqa: GQA | None = None) -> RankWeights:
     """Fuse and cast the checkpoint's tensors for one rank. tp=1 here; ``helpers.parallel`` shards."""
-    if tp != 1:
-        from .parallel import shard_state_tp  # tensor-parallel sharding with head padding
+    if tp != 1 or gqa is not None:
+        from .parallel import shard_state_tp  # tensor-parallel sharding with head padding / KV replication
 
         return shard_state_tp(state, args, dtype, rank, tp, gqa)
     p = "model."
@@ -141,6 +169,10 @@ class Transformer:
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = (emb.cos() * scale).to(device=device, dtype=dtype)
         self.sin = (emb.sin() * scale).to(device=device, dtype=dtype)
+        half = args.head_dim // 2
+        self.sin_signed = torch.cat((-self.sin[:, :half], self.sin[:, half:]), dim=-1)
+        if device.type == "cpu" and dtype == torch.float32:
+            decode_layout(w)
         shape = (args.n_layers, batch_size, w.n_kv, n_positions, args.head_dim)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
@@ -161,21 +193,21 @@ class Transformer:
         return qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
 
     def attend_heads(self, i: int, q, k, v, cos, sin, slots, kv_len: int, attn_mask):
-        """RoPE, write K/V at ``slots`` of layer i's cache, attend over [0, kv_len) -> [B, T, n_q * head_dim]."""
+        """RoPE (``cos``/``sin`` [B, T, 1, D], ``sin`` sign-folded, see ``apply_rope``), write K/V at
+        ``slots`` of layer i's cache, attend over [0, kv_len) -> [B, T, n_q * head_dim]."""
         B, T, _ = q.shape
         D = self.args.head_dim
-        q = q.reshape(B, T, -1, D).transpose(1, 2)
-        k = k.reshape(B, T, -1, D).transpose(1, 2)
+        q = apply_rope(q.reshape(B, T, -1, D), cos, sin).transpose(1, 2)
+        k = apply_rope(k.reshape(B, T, -1, D), cos, sin).transpose(1, 2)
         v = v.reshape(B, T, -1, D).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
         self.k_cache[i].index_copy_(2, slots, k)
         self.v_cache[i].index_copy_(2, slots, v)
         o = self.attention(q, self.k_cache[i, :, :, :kv_len], self.v_cache[i, :, :, :kv_len], attn_mask)
         return o.transpose(1, 2).reshape(B, T, -1)
 
     def attend(self, i: int, L: LayerWeights, h, cos, sin, slots, kv_len: int, attn_mask):
-        """Layer i's attention on this rank: [B, T, hidden] -> the input of the row-parallel o_proj."""
+        """Layer i's attention on this rank: [B, T, hidden] -> the input of the row-parallel o_proj.
+        Seam: ``helpers.parallel`` overrides it for SHARD_OVER_BATCH / ALL_GATHER_HEADS layouts."""
         q, k, v = self.qkv(L, h)
         return self.attend_heads(i, q, k, v, cos, sin, slots, kv_len, attn_mask)
 
@@ -188,8 +220,7 @@ class Transformer:
     def mlp_block(self, x, L: LayerWeights):
         """One layer's gated MLP up to its all-reduce."""
         h = rms_norm(x, L.ln2, self.args.rms_norm_eps)
-        gu = self.linear(h, L.w13)
-        g, u = gu.chunk(2, dim=-1)
+        g, u = self.linear(h, L.w13).chunk(2, dim=-1)
         return self.linear(F.silu(g) * u, L.w2)
 
     @torch.inference_mode()
@@ -201,12 +232,12 @@ class Transformer:
         B, T = tokens.shape
         attn, mlp = blocks or (self.attn_block, self.mlp_block)
         x = F.embedding(tokens, w.embed)
-        cos = self.cos[rope_pos].unsqueeze(1)  # [B,1,T,D]
-        sin = self.sin[rope_pos].unsqueeze(1)
+        cos = self.cos[rope_pos].unsqueeze(2)  # [B,T,1,D]: RoPE is applied before the head transpose
+        sin = self.sin_signed[rope_pos].unsqueeze(2)
         attn_mask = mask.unsqueeze(1)
         for i, L in enumerate(w.layers):
-            o = attn(i, x, L, cos, sin, slots, kv_len, attn_mask)
-            x = x + self.comm.all_reduce(o) + (L.bo if L.bo is not None else 0)
+            o = self.comm.all_reduce(attn(i, x, L, cos, sin, slots, kv_len, attn_mask))
+            x = x + o if L.bo is None else x + o + L.bo
             x = x + self.comm.all_reduce(mlp(x, L))
         if logit_idx is not None:
             x = x[torch.arange(B, device=x.device)[:, None], logit_idx]
@@ -302,6 +333,9 @@ class NeuronModel:
         if self.neuron_config.quant is not None:
             from .quant import check_quant_config
             check_quant_config(self.neuron_config.quant, self.amp)
+            if self.tp_degree != 1:
+                raise ValueError("int8 weight storage runs at tp_degree=1 in the reference engine: set tp_degree=1 "
+                                 "or drop neuron_config.quant")
 
     # -- build ----------------------------------------------------------------------------------
     def to_neuron(self) -> "NeuronModel":
@@ -416,8 +450,13 @@ class NeuronModel:
         ts = [w.embed, w.norm] + ([] if w.lm_head is w.embed else [w.lm_head])
         for L in w.layers:
             ts += [t for t in (L.wqkv, L.wo, L.w13, L.w2, L.ln1, L.ln2, L.bqkv, L.bo) if t is not None]
-        total = sum(t.numel() * t.element_size() for t in ts)
-        return total + sum(t.numel() * t.element_size() for t in w.extra.values() if torch.is_tensor(t))
+        total = sum(t.nbytes for t in ts)  # int8 storage: helpers.quant.QuantWeight.nbytes (values + scales)
+        return total + sum(t.nbytes for t in w.extra.values() if torch.is_tensor(t))
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the preallocated K and V caches (this rank)."""
+        return self._require_built().kv_cache_bytes()
 
     def _require_built(self) -> Transformer:
         if self.model is None:

@@ -140,7 +140,7 @@ def example_inputs(tr: Transformer, spec: dict, batch: int) -> tuple:
         return (x, *layer)
     slots = torch.arange(T, device=dev)
     rope_pos = slots[None, :].expand(batch, T)
-    cos, sin = tr.cos[rope_pos].unsqueeze(1), tr.sin[rope_pos].unsqueeze(1)
+    cos, sin = tr.cos[rope_pos].unsqueeze(2), tr.sin_signed[rope_pos].unsqueeze(2)  # as Transformer.forward
     mask = build_mask(slots, torch.zeros(batch, dtype=torch.long, device=dev), spec["bucket"], None).unsqueeze(1)
     return (x, cos, sin, slots, mask, tr.k_cache[0], tr.v_cache[0], *layer)
 

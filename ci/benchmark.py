@@ -1,0 +1,359 @@
+#!/usr/bin/env python
+"""How fast is the reference engine? Decode speed against Hugging Face ``generate()`` and against
+the memory-bandwidth roofline, measured in one run on the same checkpoint and settings.
+
+For every (amp, batch size) the engine and ``generate()`` run the same prompt, greedy, with EOS
+disabled, alternately (warm-up, then repeats), so load on a shared machine hits both alike. A
+streamer timestamps every new token: prefill latency is the time to the first token, decode
+tokens/s is (new tokens - 1) / (last token time - first token time), per sequence.
+
+Roofline: a decode step must read every weight once (an untied embedding table is only gathered)
+plus the KV cache it attends over, so steps/s <= bandwidth / those bytes. The bandwidth is the
+machine's, measured here with torch over buffers far larger than the caches: a copy (read + write
+bytes) and a read-only reduction; the roofline uses the faster of the two.
+
+    python ci/benchmark.py                  # f32 + bf16, batch 1 and 8, 128 + 128 tokens, 5 repeats
+    python ci/benchmark.py --compiled       # also the engine with NeuronConfig(compiled=True)
+    python ci/benchmark.py --json out.json  # also write every figure as JSON ('-': JSON on stdout)
+    python ci/benchmark.py --quick          # CI smoke run: f32, batch 1, 32 + 32 tokens, 3 repeats
+    python ci/benchmark.py --profile        # plus a torch.profiler table of one engine decode
+
+Needs only torch and transformers (and this repository's ``helpers``). Nothing is downloaded.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import helpers  # noqa: E402
+
+GOAL = {"amp": "f32", "batch_size": 1, "engine_over_hf": 2.0, "engine_over_roofline": 0.6}
+TEXT = ("The history of astronomy spans thousands of years, from the first careful records of the night sky "
+        "to telescopes in orbit. Early observers tracked the motion of the Sun, the Moon and the planets, "
+        "built calendars around them and predicted eclipses. ")
+
+
+def spread(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def fmt(s: dict, scale: float = 1.0, digits: int = 1) -> str:
+    return (f"{s['median'] * scale:.{digits}f} [{s['min'] * scale:.{digits}f}-"
+            f"{s['max'] * scale:.{digits}f}]")
+
+
+# -- the machine ---------------------------------------------------------------------------------
+def memory_bandwidth(mib: int, repeats: int) -> dict:
+    """GB/s of a tensor copy (read + write bytes, as STREAM counts) and of a read-only sum."""
+    n = mib * 2**20 // 4
+    src = torch.rand(n)
+    dst = torch.empty_like(src)
+    copy, read = [], []
+    for i in range(repeats + 1):
+        t = time.perf_counter()
+        dst.copy_(src)
+        t_copy = time.perf_counter() - t
+        t = time.perf_counter()
+        src.sum()
+        t_read = time.perf_counter() - t
+        if i:  # the first pass faults the pages in
+            copy.append(2 * n * 4 / t_copy / 1e9)
+            read.append(n * 4 / t_read / 1e9)
+    out = {"buffer_mib": mib, "copy_gbs": spread(copy), "read_gbs": spread(read)}
+    out["roofline_gbs"] = max(out["copy_gbs"]["median"], out["read_gbs"]["median"])
+    return out
+
+
+def gemv_bandwidth(dtype: torch.dtype, repeats: int) -> dict:
+    """GB/s of batch-1 matmuls over LM-head-sized weights, in the checkpoint's [out, in] layout and
+    column-major (the engine's f32 CPU layout): how close the BLAS kernel gets to the bandwidth."""
+    ws = [torch.randn(49152, 576).to(dtype) for _ in range(4)]  # 4 x 113 MB (f32): no cache reuse
+    x = torch.randn(1, 576).to(dtype)
+    out = {}
+    for name, layout in (("row_major", lambda w: w), ("column_major", helpers.engine.column_major)):
+        mats = [layout(w) for w in ws]
+        F.linear(x, mats[0])
+        gbs = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for w in mats:
+                F.linear(x, w)
+            gbs.append(sum(w.nbytes for w in mats) / (time.perf_counter() - t) / 1e9)
+        out[name] = spread(gbs)
+    return out
+
+
+# -- timed runs ----------------------------------------------------------------------------------
+class Clock:
+    """A streamer that timestamps each new token. ``generate()`` puts the prompt first: skipped."""
+
+    def __init__(self, device, skip_first: bool):
+        self.device, self.skip, self.times = device, skip_first, []
+
+    def put(self, value):
+        if self.skip:
+            self.skip = False
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.times.append(time.perf_counter())
+
+    def end(self):
+        pass
+
+
+def timed(run, device, skip_first: bool) -> tuple[dict, torch.Tensor]:
+    clock = Clock(device, skip_first)
+    t0 = time.perf_counter()
+    out = run(clock)
+    ts = clock.times
+    return {"prefill_s": ts[0] - t0, "decode_steps_s": (len(ts) - 1) / (ts[-1] - ts[0]),
+            "total_s": ts[-1] - t0, "new_tokens": len(ts)}, out.cpu()
+
+
+def make_prompt(tokenizer, n_tokens: int, batch: int) -> torch.Tensor:
+    ids = tokenizer(TEXT, add_special_tokens=False).input_ids
+    ids = (ids * (n_tokens // len(ids) + 1))[:n_tokens]
+    return torch.tensor([ids] * batch)
+
+
+def streamed_bytes(model) -> int:
+    """Weight bytes a decode step reads: all of them, except an untied embedding table (gathered)."""
+    w = model.model.w
+    return model.weight_bytes - (0 if w.lm_head is w.embed else w.embed.nbytes)
+
+
+def kv_bytes_per_step(args, dtype, batch: int, positions: float) -> float:
+    """K and V of every layer over the attended positions, per decode step."""
+    return 2 * args.n_layers * args.n_kv_heads * args.head_dim * positions * batch * torch.finfo(dtype).bits / 8
+
+
+def bench_config(amp: str, batch: int, a, tokenizer, bw: dict, device) -> dict:
+    dtype = helpers.config.amp_dtype(amp)
+    P, N = a.prompt_tokens, a.new_tokens
+    ids = make_prompt(tokenizer, P, batch).to(device)
+    mask = torch.ones_like(ids)
+    variants = [("engine", False)] + ([("engine_compiled", True)] if a.compiled else [])
+    engines, runs = {}, {}
+    for name, compiled in variants:
+        t = time.perf_counter()
+        m = helpers.NeuronModel.from_pretrained(a.model_path, batch_size=batch, n_positions=P + N, amp=amp,
+                                                context_length_estimate=P, device=str(device),
+                                                neuron_config=helpers.NeuronConfig(compiled=compiled))
+        m.to_neuron()
+        engines[name] = {"model": m, "build_s": time.perf_counter() - t}
+        runs[name] = (lambda m: lambda clock: m.sample(ids, P + N, top_k=1, eos_token_override=[],
+                                                       streamer=clock))(m)
+    hf = helpers.load_hf_model(a.model_path, dtype=dtype).to(device)
+
+    def hf_run(clock):
+        with torch.inference_mode():
+            return hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=N,
+                               do_sample=False, top_k=None, top_p=None, temperature=None, eos_token_id=None,
+                               pad_token_id=tokenizer.pad_token_id, streamer=clock)
+    runs["hf"] = hf_run
+
+    samples = {k: [] for k in runs}
+    outputs, first_run = {}, {}
+    for rep in range(a.warmup + a.repeats):
+        for name, run in runs.items():
+            r, out = timed(run, device, skip_first=(name == "hf"))
+            if rep == 0:
+                first_run[name], outputs[name] = r["total_s"], out
+            if rep >= a.warmup:
+                samples[name].append(r)
+    res = {"amp": amp, "batch_size": batch, "prompt_tokens": P, "new_tokens": N}
+    for name, rs in samples.items():
+        res[name] = {"decode_tok_s": spread([r["decode_steps_s"] for r in rs]),
+                     "prefill_ms": spread([r["prefill_s"] * 1e3 for r in rs]),
+                     "first_run_s": first_run[name]}
+        if name in engines:
+            res[name]["build_s"] = engines[name]["build_s"]
+    m = engines["engine"]["model"]
+    step_bytes = streamed_bytes(m) + kv_bytes_per_step(m.args, dtype, batch, P + (N - 1) / 2)
+    roof = bw["roofline_gbs"] * 1e9 / step_bytes
+    res["roofline"] = {"bytes_per_step": step_bytes, "decode_tok_s": roof, "gbs": bw["roofline_gbs"]}
+    res["ratios"] = {}
+    for name, _ in variants:
+        e = res[name]["decode_tok_s"]["median"]
+        res["ratios"][name + "_over_hf"] = e / res["hf"]["decode_tok_s"]["median"]
+        res["ratios"][name + "_over_roofline"] = e / roof
+        diff = (outputs[name] != outputs["hf"]).any(0).nonzero()
+        res[name]["greedy_identical_to_hf"] = bool(diff.numel() == 0)
+        res[name]["first_divergent_position"] = None if diff.numel() == 0 else int(diff[0]) - P
+    if a.profile:
+        res["profile"] = profile_engine(m, ids, P, N)
+    del engines, hf, runs
+    gc.collect()
+    return res
+
+
+def profile_engine(m, ids, P: int, N: int, rows: int = 12) -> dict:
+    """One greedy decode under torch.profiler: top ops by self time, and what the matmuls achieve."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        m.sample(ids, P + N, top_k=1, eos_token_override=[])
+    ev = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in ev)
+    print(ev.table(sort_by="self_cpu_time_total", row_limit=rows))
+    top = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:rows]
+    mm = sum(e.self_cpu_time_total for e in ev if e.key in ("aten::mm", "aten::addmm", "aten::bmm"))
+    w = m.model.w
+    mm_bytes = streamed_bytes(m) * (N - 1)  # every decode step streams the weights through matmuls
+    return {"self_cpu_share": {e.key: e.self_cpu_time_total / total for e in top},
+            "matmul_share": mm / total, "matmul_gbs_during_decode": mm_bytes / (mm * 1e-6) / 1e9,
+            "calls_per_decode_step": sum(e.count for e in ev) / N, "lm_head_is_embed": w.lm_head is w.embed}
+
+
+# -- report --------------------------------------------------------------------------------------
+def print_config(r: dict) -> None:
+    print(f"\n== amp={r['amp']}  batch={r['batch_size']}  prompt={r['prompt_tokens']}  new={r['new_tokens']}  "
+          "(median [min-max]) ==")
+    print(f"  {'':24s}{'decode tok/s/seq':>22s}{'prefill ms':>24s}{'first run s':>13s}{'build s':>9s}")
+    for name in [k for k in ("engine", "engine_compiled", "hf") if k in r]:
+        x = r[name]
+        label = {"engine": "engine (eager)", "engine_compiled": "engine (compiled)", "hf": "HF generate()"}[name]
+        build = f"{x['build_s']:9.1f}" if "build_s" in x else ""
+        print(f"  {label:24s}{fmt(x['decode_tok_s']):>22s}{fmt(x['prefill_ms'], digits=0):>24s}"
+              f"{x['first_run_s']:13.1f}{build}")
+    roof = r["roofline"]
+    print(f"  {'roofline':24s}{roof['decode_tok_s']:>22.1f}   = {roof['gbs']:.1f} GB/s / "
+          f"{roof['bytes_per_step'] / 1e6:.0f} MB per step")
+    for k, v in r["ratios"].items():
+        print(f"  {k:40s}{v:6.2f}")
+    for name in ("engine", "engine_compiled"):
+        if name in r:
+            d = r[name]["first_divergent_position"]
+            print(f"  {name} greedy tokens identical to HF: " + ("yes" if d is None else f"no (from new token {d})"))
+    if r["batch_size"] > 1:
+        print(f"  aggregate tok/s (x{r['batch_size']}): engine {r['engine']['decode_tok_s']['median'] * r['batch_size']:.1f}"
+              f", HF {r['hf']['decode_tok_s']['median'] * r['batch_size']:.1f}")
+
+
+def goal_status(results: list[dict]) -> dict | None:
+    for r in results:
+        if r["amp"] == GOAL["amp"] and r["batch_size"] == GOAL["batch_size"]:
+            out = {}
+            for name in ("engine", "engine_compiled"):
+                if name in r:
+                    hf, roof = r["ratios"][name + "_over_hf"], r["ratios"][name + "_over_roofline"]
+                    out[name] = {"engine_over_hf": hf, "engine_over_roofline": roof,
+                                 "met": hf >= GOAL["engine_over_hf"] and roof >= GOAL["engine_over_roofline"]}
+            return out
+    return None
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-path", default=None, help="local HF Llama/Mistral checkpoint (default: embedded SmolLM2-135M)")
+    p.add_argument("--amp", nargs="+", default=["f32", "bf16"], choices=["f32", "bf16", "f16"])
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8])
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--compiled", action="store_true", help="also the engine with NeuronConfig(compiled=True)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--bandwidth-mib", type=int, default=512, help="size of each bandwidth test buffer")
+    p.add_argument("--profile", action="store_true", help="profile one engine decode per configuration")
+    p.add_argument("--quick", action="store_true", help="CI smoke run: f32, batch 1, 32 + 32 tokens, 3 repeats")
+    p.add_argument("--json", metavar="PATH", default=None, help="write the results as JSON ('-': stdout only)")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.amp, a.batch_sizes, a.prompt_tokens, a.new_tokens, a.repeats = ["f32"], [1], 32, 32, 3
+        a.bandwidth_mib = min(a.bandwidth_mib, 256)
+    if a.new_tokens < 2 or a.prompt_tokens < 1 or a.repeats < 1 or a.warmup < 0:
+        p.error("need --new-tokens >= 2, --prompt-tokens >= 1, --repeats >= 1, --warmup >= 0")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda but torch sees no CUDA device")
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    device = torch.device(a.device)
+    quiet = a.json == "-"
+    log = open(os.devnull, "w") if quiet else sys.stdout  # noqa: SIM115
+
+    with contextlib.redirect_stdout(log):
+        torch.manual_seed(0)
+        load0 = os.getloadavg()
+        machine = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                   "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                   "torch": torch.__version__, "device": a.device,
+                   "gpu": torch.cuda.get_device_name() if a.device == "cuda" else None}
+        print(f"machine: {machine['cpu_count']} CPUs, torch {machine['torch']} with {machine['torch_threads']} "
+              f"threads, device {a.device}, load average {load0[0]:.2f} (1 min)")
+        if a.device == "cuda":
+            bw = cuda_bandwidth(a.bandwidth_mib, max(5, a.repeats))
+        else:
+            bw = memory_bandwidth(a.bandwidth_mib, max(5, a.repeats))
+            bw["gemv_f32"] = gemv_bandwidth(torch.float32, max(5, a.repeats))
+        print(f"memory bandwidth ({a.bandwidth_mib} MiB buffers, median [min-max]): copy {fmt(bw['copy_gbs'])} GB/s, "
+              f"read {fmt(bw['read_gbs'])} GB/s -> roofline at {bw['roofline_gbs']:.1f} GB/s")
+        if "gemv_f32" in bw:
+            g = bw["gemv_f32"]
+            print(f"f32 batch-1 matmul, 49152x576 weights: [out,in] rows {fmt(g['row_major'])} GB/s, "
+                  f"column-major {fmt(g['column_major'])} GB/s")
+        tokenizer = helpers.load_tokenizer(a.model_path)
+        results = []
+        for amp in a.amp:
+            for batch in a.batch_sizes:
+                r = bench_config(amp, batch, a, tokenizer, bw, device)
+                print_config(r)
+                results.append(r)
+        load1 = os.getloadavg()
+        goal = goal_status(results)
+        if goal:
+            for name, g in goal.items():
+                print(f"\ngoal ({GOAL['amp']}, batch {GOAL['batch_size']}, {name}): engine/HF {g['engine_over_hf']:.2f} "
+                      f"(>= {GOAL['engine_over_hf']}), engine/roofline {g['engine_over_roofline']:.2f} "
+                      f"(>= {GOAL['engine_over_roofline']}): {'met' if g['met'] else 'not met'}")
+        print(f"load average {load1[0]:.2f} at the end (a busy machine lowers and spreads every figure)")
+    report = {"machine": dict(machine, load_avg_start=load0[0], load_avg_end=load1[0]), "bandwidth": bw,
+              "settings": {k: getattr(a, k) for k in ("model_path", "amp", "batch_sizes", "prompt_tokens",
+                                                      "new_tokens", "repeats", "warmup", "compiled")},
+              "results": results, "goal": goal}
+    if a.json:
+        text = json.dumps(report, indent=2)
+        if a.json == "-":
+            print(text)
+        else:
+            Path(a.json).write_text(text)
+            print(f"JSON -> {a.json}")
+    return 0
+
+
+def cuda_bandwidth(mib: int, repeats: int) -> dict:
+    """The same two measurements on the GPU (CUDA events)."""
+    n = mib * 2**20 // 4
+    src = torch.rand(n, device="cuda")
+    dst = torch.empty_like(src)
+    copy, read = [], []
+    for i in range(repeats + 1):
+        for fn, acc, nbytes in ((lambda: dst.copy_(src), copy, 2 * n * 4), (lambda: src.sum(), read, n * 4)):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            if i:
+                acc.append(nbytes / (s.elapsed_time(e) * 1e-3) / 1e9)
+    out = {"buffer_mib": mib, "copy_gbs": spread(copy), "read_gbs": spread(read)}
+    out["roofline_gbs"] = max(out["copy_gbs"]["median"], out["read_gbs"]["median"])
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
