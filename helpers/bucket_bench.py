@@ -41,8 +41,30 @@ def ttft(model, input_ids, repeats: int = 3) -> float:
                              for _ in range(max(1, int(repeats))))
 
 
-def ttft_by_length(model, lengths, batch: int = 1, repeats: int = 3, vocab: int = 32000) -> dict[int, float]:
-    return {int(n): ttft(model, random_prompt(n, batch, vocab, seed=int(n)), repeats) for n in lengths}
+def interleaved(runs: dict, repeats: int = 3) -> dict:
+    """Median of each timing function, the functions called in turn ``repeats`` times: on a shared
+    machine, load that drifts over minutes hits every candidate alike (compare ratios, not absolutes)."""
+    times = {name: [] for name in runs}
+    for _ in range(max(1, int(repeats))):
+        for name, run in runs.items():
+            times[name].append(run())
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def ttft_table(models: dict, lengths, batch: int = 1, repeats: int = 3, vocab: int = 32000) -> dict:
+    """``{model name: {prompt length: median TTFT s}}``, the models measured interleaved per length."""
+    table = {name: {} for name in models}
+    for n in lengths:
+        ids = random_prompt(n, batch, vocab, seed=int(n))
+        runs = {name: (lambda m=m: timed_sample(m, ids, ids.shape[1] + 1)[0]) for name, m in models.items()}
+        for name, t in interleaved(runs, repeats).items():
+            table[name][int(n)] = t
+    return table
+
+
+def step_latency(model, prompt_len: int, new_tokens: int, batch: int = 1, vocab: int = 32000) -> float:
+    """Median decode-step latency (s) of a generation of ``new_tokens`` after a ``prompt_len`` prompt."""
+    return float(np.median(decode_profile(model, prompt_len, new_tokens, batch, vocab)[1]))
 
 
 def decode_profile(model, prompt_len: int, new_tokens: int, batch: int = 1, vocab: int = 32000):

@@ -12,8 +12,10 @@ def model():
 
 
 def test_ttft_and_decode_profile(model):
-    t = bb.ttft_by_length(model, [20, 100], repeats=1)
-    assert set(t) == {20, 100} and all(v > 0 for v in t.values())
+    table = bb.ttft_table({"a": model, "b": model}, [20, 100], repeats=1)
+    assert set(table) == {"a", "b"} and all(set(t) == {20, 100} and min(t.values()) > 0 for t in table.values())
+    assert 0 < bb.ttft(model, bb.random_prompt(30), repeats=2)
+    assert 0 < bb.step_latency(model, 10, 4)
     kv, lat = bb.decode_profile(model, 120, 12)  # steps at KV lengths 121..131 cross the 128 boundary
     assert kv.tolist() == list(range(121, 132)) and len(lat) == 11 and (lat > 0).all()
     per_bucket = bb.median_by_bucket(kv, lat, model.token_buckets)
@@ -23,6 +25,12 @@ def test_ttft_and_decode_profile(model):
 def test_generation_never_stops_early(model):
     times = bb.timed_sample(model, bb.random_prompt(10), 30)
     assert len(times) == 20  # NO_EOS: every step produces a token
+
+
+def test_interleaved_calls_in_turn():
+    calls = []
+    out = bb.interleaved({"x": lambda: calls.append("x") or 1.0, "y": lambda: calls.append("y") or 3.0}, repeats=3)
+    assert out == {"x": 1.0, "y": 3.0} and calls == ["x", "y"] * 3
 
 
 def test_truncated_normal_lengths():
