@@ -113,3 +113,20 @@ def test_parameters_defined_and_documented(path):
     missing = [p for p in REQUIRED_PARAMETERS if p not in defined]
     assert not missing, f"the parameters cell must define {missing}"
     assert not undocumented, (f"parameters without a '# allowed values' comment on their line: {undocumented}")
+
+
+@by_notebook
+def test_papermill_sees_every_parameter(path):
+    """papermill cannot parse a parameter line whose comment holds '=' (e.g. '>= 1', 'tp=1'); it then
+    drops the parameter, and the runner refuses it as unknown. Every assigned name must be visible."""
+    import papermill
+
+    cells = parameters_cells(read(path))
+    if len(cells) != 1:
+        pytest.skip("no single parameters cell (reported by test_one_parameters_cell)")
+    tree = ast.parse(cells[0].source)
+    assigned = {n.id for s in tree.body if isinstance(s, (ast.Assign, ast.AnnAssign))
+                for t in (s.targets if isinstance(s, ast.Assign) else [s.target])
+                for n in ast.walk(t) if isinstance(n, ast.Name)}
+    seen = set(papermill.inspect_notebook(str(path)))
+    assert assigned <= seen, f"papermill cannot see {sorted(assigned - seen)}: remove '=' from their comments"
