@@ -1,14 +1,22 @@
 """Bucket computation and selection, exactly as the pinned Neuron releases do it.
 
 transformers-neuronx 0.13 (``transformers_neuronx/bucket.py``): ``token_sizes``,
-``context_sizes``, ``find``. NxD Inference 0.8 (``modules/autobucketing.py``
-``generate_buckets``; ``models/model_wrapper.py`` ``_get_seq_bucket``, "first_fit").
+``context_sizes``, ``find``; ``utils.power_of_two_bucket_sizes``. NxD Inference 0.8
+(``modules/autobucketing.py`` ``generate_buckets``, ``generate_buckets_for_cte`` /
+``generate_buckets_for_tkg``; ``models/model_wrapper.py`` ``_get_seq_bucket``, "first_fit";
+``models/config.py`` for the keyword names and their checks).
 """
 from __future__ import annotations
 
 import bisect
 import math
+from dataclasses import dataclass
 from typing import Sequence
+
+# NxDI model tags (models/model_wrapper.py), used in its bucket error messages
+CONTEXT_ENCODING_MODEL_TAG = "context_encoding_model"
+TOKEN_GENERATION_MODEL_TAG = "token_generation_model"
+SPECULATION_MODEL_TAG = "speculation_model"
 
 
 def tnx_token_buckets(n_positions: int | Sequence[int]) -> list[int]:
@@ -29,6 +37,8 @@ def tnx_context_buckets(context_length_estimate, token_buckets: Sequence[int]) -
         return [b // 2 for b in token_buckets]
     if isinstance(context_length_estimate, (list, tuple)):
         return sorted(int(c) for c in context_length_estimate)
+    if isinstance(context_length_estimate, bool) or not isinstance(context_length_estimate, int):
+        raise NotImplementedError(f"Prompt bucket config {context_length_estimate} not supported")
     c = int(context_length_estimate)
     return [c] if c > 0 else []
 
@@ -60,3 +70,38 @@ def nxdi_select(buckets: Sequence[int], input_len: int, tag: str, allow_input_tr
     if input_len == largest or allow_input_truncation:
         return largest
     raise BucketOverflowError(f"Input len {input_len} exceeds largest bucket ({largest}) for {tag}")
+
+
+@dataclass
+class NxDIBucketing:
+    """NxD Inference's bucketing keywords (its ``NeuronConfig`` names) for the reference engine.
+
+    Pass it as ``NeuronModel.from_pretrained(..., n_positions=seq_len, nxdi_bucketing=NxDIBucketing(...))``:
+    ``n_positions`` plays NxDI's ``seq_len`` / ``max_length``. Selection is NxDI's strict first-fit and a
+    prompt longer than the largest context bucket raises (or is truncated with a warning when
+    ``allow_input_truncation``) instead of transformers-neuronx's token-by-token continuation.
+    """
+    enable_bucketing: bool = True
+    context_encoding_buckets: list[int] | None = None
+    token_generation_buckets: list[int] | None = None
+    max_context_length: int | None = None   # None: seq_len, as NxDI
+    allow_input_truncation: bool = False
+
+    def buckets(self, seq_len: int) -> tuple[list[int], list[int]]:
+        """(context buckets, token buckets) as ``generate_buckets_for_cte`` / ``_tkg`` build them."""
+        max_length = int(seq_len)
+        max_ctx = max_length if self.max_context_length is None else int(self.max_context_length)
+        if max_ctx > max_length:  # models/config.py
+            raise ValueError(f"max_context_length={max_ctx} > seq_len={max_length}: "
+                             "max_context_length cannot be more than max_length")
+        if not self.enable_bucketing:
+            return [max_ctx], [max_length]
+        ctx = sorted(self.context_encoding_buckets) if self.context_encoding_buckets else None
+        tkg = sorted(self.token_generation_buckets) if self.token_generation_buckets else None
+        if ctx is not None and ctx[-1] > max_ctx:
+            raise ValueError(f"Context bucket {ctx[-1]} should be <= {max_ctx} (max_context_length): "
+                             "lower context_encoding_buckets or raise max_context_length")
+        if tkg is not None and tkg[-1] > max_length:
+            raise ValueError(f"Token generation bucket {tkg[-1]} should be <= {max_length} (seq_len): "
+                             "lower token_generation_buckets or raise n_positions")
+        return (ctx or nxdi_generate_buckets(128, max_ctx)), (tkg or nxdi_generate_buckets(128, max_length))

@@ -22,3 +22,16 @@ def build_model(bk: Backend, model_path=None, **settings):
 
         return ParallelModel.from_pretrained(model_path, device=bk.device, **settings).to_neuron()
     return NeuronModel.from_pretrained(model_path, device=bk.device, **settings).to_neuron()
+
+
+def load_model(bk: Backend, model_path, directory, **settings):
+    """Build a model from graphs saved by ``save(directory)`` / ``compile(directory)``: ``load()`` before
+    ``to_neuron()``, as transformers-neuronx does, so nothing is compiled. ``model_path`` is the
+    checkpoint, or ``directory`` itself when it holds presharded weights (``save(dir, sharded_weights=True)``)."""
+    if bk.is_neuron:
+        raise ValueError("On Neuron, load with the library itself (model.load(dir) before to_neuron()); see the "
+                         "notebook's Neuron cells")
+    cls = NeuronModel
+    if int(settings.get("tp_degree", 1)) > 1:
+        from .parallel import ParallelModel as cls
+    return cls.from_pretrained(model_path, device=bk.device, **settings).load(directory).to_neuron()

@@ -100,7 +100,9 @@ class GQA(str, enum.Enum):
 @dataclass
 class NeuronConfig:
     """The subset of transformers-neuronx's ``NeuronConfig`` the reference engine implements,
-    with the same keyword names, plus ``compiled`` (reference only: torch.compile each graph)."""
+    with the same keyword names, plus ``compiled`` (reference only): False = eager graphs,
+    "export" (or True) = torch.export programs per bucket, "aoti" = AOTInductor packages per
+    bucket; both can be saved and loaded (helpers/graphs.py)."""
     group_query_attention: str | None = None
     quant: object | None = None
     fuse_qkv: bool = True
@@ -114,11 +116,19 @@ class NeuronConfig:
         for f in fields(self):
             setattr(self, f.name, kwargs.get(f.name, f.default))
         if self.group_query_attention is not None:
+            # transformers-neuronx's GQA values, plus NxD Inference's two (reference engine only: NxDI itself
+            # has no such knob, it calls determine_sharding_strategy; see helpers/gqa.py)
+            from .gqa import as_strategy
+
             try:
-                self.group_query_attention = GQA(self.group_query_attention)
+                self.group_query_attention = as_strategy(self.group_query_attention)
             except ValueError:
                 raise ValueError(f"group_query_attention={self.group_query_attention!r}: use a GQA member "
-                                 f"({', '.join(g.name for g in GQA)}) or its value") from None
+                                 f"({', '.join(g.name for g in GQA)}), helpers.gqa.NxDIGQA "
+                                 "(CONVERT_TO_MHA, REPLICATE_TO_TP_DEGREE) or its value") from None
+        if self.compiled not in (False, True, "export", "aoti"):
+            raise ValueError(f"compiled={self.compiled!r}: use False (eager), 'export' (or True: torch.export "
+                             "graphs per bucket) or 'aoti' (AOTInductor packages per bucket)")
         if self.padding_side != "left":
             raise ValueError("padding_side must be 'left': the engine takes left-padded batches, as "
                              "transformers-neuronx's sample() does")

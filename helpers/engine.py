@@ -13,7 +13,8 @@ gate/up as Neuron's ``fuse_qkv`` does) and a ``Comm`` for collectives (a no-op a
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -119,8 +120,8 @@ class RankWeights:
 def shard_state(state: dict, args: ModelArgs, dtype: torch.dtype, rank: int = 0, tp: int = 1,
                 gqa: GQA | None = None) -> RankWeights:
     """Fuse and cast the checkpoint's tensors for one rank. tp=1 here; ``helpers.parallel`` shards."""
-    if tp != 1:
-        from .parallel import shard_state_tp  # tensor-parallel sharding with head padding
+    if tp != 1 or gqa is not None:
+        from .parallel import shard_state_tp  # tensor-parallel sharding with head padding / KV replication
 
         return shard_state_tp(state, args, dtype, rank, tp, gqa)
     p = "model."
@@ -185,29 +186,59 @@ class Transformer:
             return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
         return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=self.w.n_q != self.w.n_kv)
 
+    def qkv(self, L: LayerWeights, h):
+        """Column-parallel fused projection -> q, k, v, each [B, T, heads * head_dim] of this rank."""
+        nq, nkv = self.w.n_q * self.args.head_dim, self.w.n_kv * self.args.head_dim
+        qkv = self.linear(h, L.wqkv, L.bqkv)
+        return qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
+
+    def attend_heads(self, i: int, q, k, v, cos, sin, slots, kv_len: int, attn_mask):
+        """RoPE (``cos``/``sin`` [B, T, 1, D], ``sin`` sign-folded, see ``apply_rope``), write K/V at
+        ``slots`` of layer i's cache, attend over [0, kv_len) -> [B, T, n_q * head_dim]."""
+        B, T, _ = q.shape
+        D = self.args.head_dim
+        q = apply_rope(q.reshape(B, T, -1, D), cos, sin).transpose(1, 2)
+        k = apply_rope(k.reshape(B, T, -1, D), cos, sin).transpose(1, 2)
+        v = v.reshape(B, T, -1, D).transpose(1, 2)
+        self.k_cache[i].index_copy_(2, slots, k)
+        self.v_cache[i].index_copy_(2, slots, v)
+        o = self.attention(q, self.k_cache[i, :, :, :kv_len], self.v_cache[i, :, :, :kv_len], attn_mask)
+        return o.transpose(1, 2).reshape(B, T, -1)
+
+    def attend(self, i: int, L: LayerWeights, h, cos, sin, slots, kv_len: int, attn_mask):
+        """Layer i's attention on this rank: [B, T, hidden] -> the input of the row-parallel o_proj.
+        Seam: ``helpers.parallel`` overrides it for SHARD_OVER_BATCH / ALL_GATHER_HEADS layouts."""
+        q, k, v = self.qkv(L, h)
+        return self.attend_heads(i, q, k, v, cos, sin, slots, kv_len, attn_mask)
+
+    def attn_block(self, i: int, x, L: LayerWeights, cos, sin, slots, kv_len: int, attn_mask):
+        """Layer i's attention from its input norm to o_proj, up to the all-reduce (one compiled graph
+        per bucket in helpers/graphs.py, which calls it with the layer's cache as layer 0's)."""
+        h = rms_norm(x, L.ln1, self.args.rms_norm_eps)
+        return self.linear(self.attend(i, L, h, cos, sin, slots, kv_len, attn_mask), L.wo)
+
+    def mlp_block(self, x, L: LayerWeights):
+        """One layer's gated MLP up to its all-reduce."""
+        h = rms_norm(x, L.ln2, self.args.rms_norm_eps)
+        g, u = self.linear(h, L.w13).chunk(2, dim=-1)
+        return self.linear(F.silu(g) * u, L.w2)
+
     @torch.inference_mode()
-    def forward(self, tokens, rope_pos, slots, kv_len: int, mask, logit_idx=None):
+    def forward(self, tokens, rope_pos, slots, kv_len: int, mask, logit_idx=None, blocks=None):
+        """``blocks`` = (attn, mlp) callables with the signatures of ``attn_block`` / ``mlp_block``:
+        the compiled per-bucket graphs of helpers/graphs.py; None = eager. The all-reduces stay here,
+        between blocks, so a compiled graph of a heads-sharded layout contains no collective."""
         a, w = self.args, self.w
         B, T = tokens.shape
-        D, nq, nkv = a.head_dim, w.n_q, w.n_kv
+        attn, mlp = blocks or (self.attn_block, self.mlp_block)
         x = F.embedding(tokens, w.embed)
         cos = self.cos[rope_pos].unsqueeze(2)  # [B,T,1,D]: RoPE is applied before the head transpose
         sin = self.sin_signed[rope_pos].unsqueeze(2)
         attn_mask = mask.unsqueeze(1)
         for i, L in enumerate(w.layers):
-            h = rms_norm(x, L.ln1, a.rms_norm_eps)
-            qkv = self.linear(h, L.wqkv, L.bqkv).view(B, T, nq + 2 * nkv, D)
-            qk = apply_rope(qkv[:, :, :nq + nkv], cos, sin)  # q and k heads in one go
-            q, k = qk[:, :, :nq].transpose(1, 2), qk[:, :, nq:].transpose(1, 2)
-            v = qkv[:, :, nq + nkv:].transpose(1, 2)
-            self.k_cache[i].index_copy_(2, slots, k)
-            self.v_cache[i].index_copy_(2, slots, v)
-            o = self.attention(q, self.k_cache[i, :, :, :kv_len], self.v_cache[i, :, :, :kv_len], attn_mask)
-            o = self.comm.all_reduce(self.linear(o.transpose(1, 2).reshape(B, T, nq * D), L.wo))
+            o = self.comm.all_reduce(attn(i, x, L, cos, sin, slots, kv_len, attn_mask))
             x = x + o if L.bo is None else x + o + L.bo
-            h = rms_norm(x, L.ln2, a.rms_norm_eps)
-            g, u = self.linear(h, L.w13).chunk(2, dim=-1)
-            x = x + self.comm.all_reduce(self.linear(F.silu(g) * u, L.w2))
+            x = x + self.comm.all_reduce(mlp(x, L))
         if logit_idx is not None:
             x = x[torch.arange(B, device=x.device)[:, None], logit_idx]
         x = rms_norm(x, w.norm, a.rms_norm_eps)
@@ -235,25 +266,42 @@ class NeuronModel:
     """
 
     ARGS = ("batch_size", "n_positions", "tp_degree", "amp", "context_length_estimate",
-            "neuron_config", "device")
+            "neuron_config", "device", "nxdi_bucketing")
 
     def __init__(self, model_path=None, *, batch_size: int = 1, n_positions=2048, tp_degree: int = 1,
                  amp: str = "f32", context_length_estimate=None, neuron_config: NeuronConfig | None = None,
-                 device: str = "cpu"):
+                 device: str = "cpu", nxdi_bucketing: bk.NxDIBucketing | None = None):
         self.model_path = resolve_model_path(model_path)
-        self.args = ModelArgs.from_hf(load_config(self.model_path))
+        hf_config = load_config(self.model_path)
+        self.args = ModelArgs.from_hf(hf_config)
+        # save(dir, sharded_weights=True) marks its config.json so (as transformers-neuronx's
+        # from_pretrained) the weights load presharded, without fusing / casting / sharding again
+        self.presharded = bool(hf_config.get("is_presharded_checkpoint", False))
         self.batch_size, self.tp_degree, self.amp = int(batch_size), int(tp_degree), amp
         self.dtype = amp_dtype(amp)
         self.device = torch.device(device)
         self.neuron_config = neuron_config or NeuronConfig()
-        self.token_buckets = bk.tnx_token_buckets(n_positions)
-        self.context_buckets = bk.tnx_context_buckets(context_length_estimate, self.token_buckets)
+        self.nxdi_bucketing = nxdi_bucketing
+        if nxdi_bucketing is None:  # transformers-neuronx rules
+            self.token_buckets = bk.tnx_token_buckets(n_positions)
+            self.context_buckets = bk.tnx_context_buckets(context_length_estimate, self.token_buckets)
+        else:  # NxD Inference rules: n_positions is its seq_len (max_length)
+            if context_length_estimate is not None or not isinstance(n_positions, int):
+                raise ValueError("With nxdi_bucketing, n_positions is NxDI's seq_len (an int) and the buckets "
+                                 "come from NxDIBucketing(context_encoding_buckets=, token_generation_buckets=): "
+                                 "drop context_length_estimate / the n_positions list")
+            self.context_buckets, self.token_buckets = nxdi_bucketing.buckets(n_positions)
         self.n_positions = self.token_buckets[-1]
+        self.settings = {"batch_size": self.batch_size, "n_positions": n_positions, "tp_degree": self.tp_degree,
+                         "amp": amp, "context_length_estimate": context_length_estimate,
+                         "nxdi_bucketing": None if nxdi_bucketing is None else asdict(nxdi_bucketing)}
         self._validate()
         self.model: Transformer | None = None
         self.speculation_length = 0
         self.build_report: list[dict] = []
         self.stats: dict = {}
+        self._artifacts_dir = None  # set by load(dir): to_neuron() then loads graphs instead of building
+        self._workdir = None
 
     @classmethod
     def from_pretrained(cls, model_path=None, **kwargs) -> "NeuronModel":
@@ -269,6 +317,14 @@ class NeuronModel:
         if any(b < 1 for b in self.token_buckets + self.context_buckets):
             raise ValueError(f"buckets must be positive: n_positions -> {self.token_buckets}, "
                              f"context_length_estimate -> {self.context_buckets}")
+        if self.context_buckets and self.context_buckets[-1] > self.n_positions:  # tnx module.py _sanity_check
+            raise ValueError(f"Max context_length_estimate {self.context_buckets[-1]} cannot be more than max "
+                             f"n_positions {self.n_positions}: lower context_length_estimate")
+        if self.presharded and not self.neuron_config.on_device_embedding:  # tnx base.py
+            raise ValueError("on_device_embedding must be True to save and load presharded weights: pass "
+                             "neuron_config=NeuronConfig(on_device_embedding=True)")
+        if self.presharded and self.neuron_config.quant is not None:
+            raise ValueError("Presharded weights are stored unquantized: load them without neuron_config.quant")
         if self.n_positions > self.args.max_position_embeddings:
             raise ValueError(f"n_positions={self.n_positions} exceeds the model's max_position_embeddings="
                              f"{self.args.max_position_embeddings}: lower n_positions")
@@ -277,6 +333,9 @@ class NeuronModel:
         if self.neuron_config.quant is not None:
             from .quant import check_quant_config
             check_quant_config(self.neuron_config.quant, self.amp)
+            if self.tp_degree != 1:
+                raise ValueError("int8 weight storage runs at tp_degree=1 in the reference engine: set tp_degree=1 "
+                                 "or drop neuron_config.quant")
 
     # -- build ----------------------------------------------------------------------------------
     def to_neuron(self) -> "NeuronModel":
@@ -285,9 +344,13 @@ class NeuronModel:
         if self.tp_degree != 1:
             raise ValueError(f"tp_degree={self.tp_degree}: tensor parallelism runs in "
                              "helpers.parallel.ParallelModel (one process per rank)")
-        state = load_state_dict(self.model_path)
-        weights = shard_state(state, self.args, self.dtype, gqa=self.neuron_config.group_query_attention)
-        del state
+        if self.presharded:
+            from .serialization import load_presharded
+            weights = load_presharded(self, 0)
+        else:
+            state = load_state_dict(self.model_path)
+            weights = shard_state(state, self.args, self.dtype, gqa=self.neuron_config.group_query_attention)
+            del state
         weights = self._move(weights)
         self.model = Transformer(self.args, weights, Comm(), self.batch_size, self.n_positions,
                                  self.device, self.dtype)
@@ -299,30 +362,87 @@ class NeuronModel:
         return self
 
     def _move(self, w: RankWeights) -> RankWeights:
-        if self.device.type == "cpu":
-            return w
-        mv = lambda t: None if t is None else t.to(self.device)  # noqa: E731
-        w.embed, w.norm, w.lm_head = mv(w.embed), mv(w.norm), mv(w.lm_head)
-        w.kv_group = mv(w.kv_group)
+        """Put every tensor on the device (tied tensors stay one tensor). On CPU, copy the tensors that
+        safetensors left at unaligned offsets: BLAS kernels round differently on unaligned data, and the
+        model must compute bit for bit the same whether its weights came from the checkpoint or from
+        presharded files (helpers/graphs.py)."""
+        memo = {}
+
+        def mv(t):
+            if not torch.is_tensor(t):
+                return t
+            if id(t) not in memo:
+                if self.device.type != "cpu":
+                    memo[id(t)] = t.to(self.device)
+                else:
+                    memo[id(t)] = t if t.data_ptr() % 64 == 0 else t.clone()
+            return memo[id(t)]
+
+        w.embed, w.norm, w.lm_head, w.kv_group = mv(w.embed), mv(w.norm), mv(w.lm_head), mv(w.kv_group)
         for L in w.layers:
-            for name in ("wqkv", "wo", "w13", "w2", "ln1", "ln2", "bqkv", "bo"):
-                setattr(L, name, mv(getattr(L, name)))
+            for name, t in list(vars(L).items()):
+                setattr(L, name, mv(t))
+        w.extra = {k: mv(v) for k, v in w.extra.items()}
         return w
 
     def _build_graphs(self):
-        """One callable per (kind, bucket); compiled with torch.compile when neuron_config.compiled."""
-        self.graphs = {}
-        self.build_report = []
-        fwd = self.model.forward
-        if self.neuron_config.compiled:
-            fwd = torch.compile(self.model.forward, dynamic=False, fullgraph=False)
-        kinds = [("context", self.context_buckets), ("token", self.token_buckets)]
-        if self.speculation_length:
-            kinds.append(("speculative", self.token_buckets))
-        for kind, sizes in kinds:
-            for b in sizes:
-                self.graphs[(kind, b)] = fwd
-                self.build_report.append({"graph": f"{kind}[{b}]", "seconds": 0.0})
+        """One callable per (kind, bucket) — context, token and (after ``enable_speculative_decoder``)
+        speculative: eager, or built per bucket as ``neuron_config.compiled`` says ("export" or True:
+        torch.export programs; "aoti": AOTInductor packages), or loaded from the directory given to
+        ``load()`` (no compilation). ``build_report`` lists each graph and its seconds."""
+        from . import graphs as gr
+
+        kinds = gr.graph_kinds(self.context_buckets, self.token_buckets, self.speculation_length)
+        mode = "export" if self.neuron_config.compiled is True else self.neuron_config.compiled
+        if self._artifacts_dir is not None:
+            self.graphs, self.build_report = gr.load_graphs(self._artifacts_dir, self.model, self._graph_fields(),
+                                                            self.model.comm.rank, self.batch_size)
+        elif mode in gr.ARTIFACTS:
+            if mode == "aoti":
+                import tempfile
+                self._workdir = tempfile.TemporaryDirectory(prefix="aoti-")
+            self.graphs, self.build_report = gr.build_all(self.model, kinds, self.batch_size, mode,
+                                                          self._workdir and self._workdir.name)
+        else:
+            self.graphs = {(k, b): self.model.forward for k, bs, _ in kinds for b in bs}
+            self.build_report = [{"graph": f"{k}{b}.step", "kind": k, "bucket": b, "artifact": "eager",
+                                  "seconds": 0.0} for k, b in self.graphs]
+
+    # -- serialization (helpers/serialization.py): transformers-neuronx save/load, NxDI compile/load ------
+    def _graph_fields(self) -> dict:
+        from .serialization import graph_fields
+        return graph_fields(self)
+
+    def save(self, directory, sharded_weights: bool = False) -> dict:
+        """transformers-neuronx ``save(dir, sharded_weights=False)``: one artifact per graph; with
+        ``sharded_weights`` (needs ``on_device_embedding=True``) also the presharded weights, and the
+        directory becomes a checkpoint that ``from_pretrained(dir)`` loads without re-sharding."""
+        from .serialization import save
+        return save(self, directory, sharded_weights)
+
+    def load(self, directory) -> "NeuronModel":
+        """transformers-neuronx ``load(dir)``: call before ``to_neuron()``, which then loads the saved graphs
+        instead of compiling. Refuses now, before any weight is read, a directory saved for another model,
+        bucket set, batch, tp degree, dtype or torch version, or with a changed file."""
+        from .serialization import check_saved
+        if self.model is not None:
+            raise RuntimeError("load() must come before to_neuron() (as in transformers-neuronx): construct the "
+                               "model again, call load(dir), then to_neuron()")
+        check_saved(self, directory)
+        self._artifacts_dir = str(directory)
+        return self
+
+    def compile(self, compiled_model_path, save_sharded_checkpoint: bool = False) -> dict:
+        """NxD Inference ``compile(path)``: build the graphs (if not yet) and write the config and artifacts
+        (+ ``weights/tp{rank}_sharded_checkpoint.safetensors`` with ``save_sharded_checkpoint``)."""
+        from .serialization import compile_to
+        return compile_to(self, compiled_model_path, save_sharded_checkpoint)
+
+    @classmethod
+    def from_compiled(cls, compiled_model_path, model_path=None, device: str = "cpu") -> "NeuronModel":
+        """NxD Inference ``load(path)``: a model rebuilt from ``compile(path)``'s directory, no compilation."""
+        from .serialization import from_compiled
+        return from_compiled(cls, compiled_model_path, model_path, device)
 
     @property
     def weight_bytes(self) -> int:
@@ -330,8 +450,13 @@ class NeuronModel:
         ts = [w.embed, w.norm] + ([] if w.lm_head is w.embed else [w.lm_head])
         for L in w.layers:
             ts += [t for t in (L.wqkv, L.wo, L.w13, L.w2, L.ln1, L.ln2, L.bqkv, L.bo) if t is not None]
-        total = sum(t.numel() * t.element_size() for t in ts)
-        return total + sum(t.numel() * t.element_size() for t in w.extra.values() if torch.is_tensor(t))
+        total = sum(t.nbytes for t in ts)  # int8 storage: helpers.quant.QuantWeight.nbytes (values + scales)
+        return total + sum(t.nbytes for t in w.extra.values() if torch.is_tensor(t))
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the preallocated K and V caches (this rank)."""
+        return self._require_built().kv_cache_bytes()
 
     def _require_built(self) -> Transformer:
         if self.model is None:
@@ -349,14 +474,14 @@ class NeuronModel:
         B, T = tokens.shape
         last = first_slot + T
         if kind == "context":
-            width = bk.tnx_find(self.context_buckets, T)
+            width = self._select_bucket(kind, T)
             pad = width - T
             if pad:  # pad on the right to the bucket: junk slots are overwritten later, never attended
                 tokens = torch.cat([tokens, tokens.new_zeros(B, pad)], dim=1)
             kv_len = width
         else:
             width = T
-            kv_len = bk.tnx_find(self.token_buckets, last)
+            kv_len = self._select_bucket(kind, last)
         slots = torch.arange(first_slot, first_slot + width, device=self.device)
         rope_pos = (slots[None, :] - start_ids[:, None]).clamp_(min=0)
         mask = build_mask(slots, start_ids, kv_len, self.args.sliding_window)
@@ -367,6 +492,27 @@ class NeuronModel:
         logits = self.graphs[(kind, width if kind == "context" else kv_len)](
             tokens, rope_pos, slots, kv_len, mask, idx)
         return logits if kind == "speculative" else logits[:, -1]
+
+    def _select_bucket(self, kind: str, length: int) -> int:
+        """transformers-neuronx ``bucket.find`` (smallest >= length, else the largest) or NxDI first_fit."""
+        buckets = self.context_buckets if kind == "context" else self.token_buckets
+        if self.nxdi_bucketing is None:
+            return bk.tnx_find(buckets, length)
+        tag = {"context": bk.CONTEXT_ENCODING_MODEL_TAG, "speculative": bk.SPECULATION_MODEL_TAG}.get(
+            kind, bk.TOKEN_GENERATION_MODEL_TAG)
+        return bk.nxdi_select(buckets, length, tag, self.nxdi_bucketing.allow_input_truncation)
+
+    def _fit_prompt(self, input_ids, attention_mask=None):
+        """NxDI: a prompt longer than the largest context bucket raises "Input len N exceeds largest bucket
+        (B) ..." or, with allow_input_truncation, is cut to it with NxDI's warning. transformers-neuronx
+        instead encodes up to its largest context bucket and continues token by token (_encode_prompt)."""
+        L = input_ids.shape[1]
+        if self.nxdi_bucketing is None or L <= self.context_buckets[-1]:
+            return input_ids, attention_mask
+        largest = self._select_bucket("context", L)  # raises unless allow_input_truncation
+        warnings.warn(f"Truncating input ({L} tokens) to max_context_length ({largest} tokens). This may cause "
+                      "unexpected outputs.")
+        return input_ids[:, :largest], None if attention_mask is None else attention_mask[:, :largest]
 
     def _encode_prompt(self, input_ids, start_ids):
         """Context encoding up to the largest context bucket, then token by token (as transformers-neuronx)."""
@@ -387,6 +533,7 @@ class NeuronModel:
         start = self._start_ids(input_ids, start_ids, None)
         first = 0 if cache_ids is None else int(cache_ids.reshape(-1)[0])
         if first == 0:
+            input_ids, _ = self._fit_prompt(input_ids)
             return self._encode_prompt(input_ids, start)
         return self._step(input_ids, start, first, "token")
 
@@ -449,6 +596,7 @@ class NeuronModel:
         input_ids = torch.as_tensor(input_ids).to(self.device)
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
+        input_ids, attention_mask = self._fit_prompt(input_ids, attention_mask)
         B, L = input_ids.shape
         if B != self.batch_size:
             raise ValueError(f"The model was built for batch_size={self.batch_size} but got {B} rows: "

@@ -291,3 +291,55 @@ def first_emitted_distribution(acceptor, p: torch.Tensor, q: torch.Tensor | None
         x = int(draft[0]) if kept >= 1 else nxt
         counts[x] = counts.get(x, 0) + 1
     return counts
+
+
+def window_counts(sample_fn, n: int, prompt_len: int, width: int = 2, seed0: int = 0) -> dict:
+    """Counts of the generated tokens ``[prompt_len, prompt_len + width)`` over ``n`` seeds;
+    ``sample_fn(generator)`` returns [1, seq] ids. Token 1 is the target's own draw, token 2 is
+    the first token decided inside a speculation window."""
+    counts: dict = {}
+    for s in range(n):
+        out = sample_fn(torch.Generator().manual_seed(seed0 + s))
+        key = tuple(out[0, prompt_len:prompt_len + width].tolist())
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def step_cost(model, k: int, repeats: int = 5, prompt_len: int = 16) -> float:
+    """Median seconds of one ``k``-token forward (k=1: a decode step) at position ``prompt_len``."""
+    import statistics
+
+    ids = torch.randint(10, 1000, (model.batch_size, k), generator=torch.Generator().manual_seed(0)).to(model.device)
+    start = torch.zeros(model.batch_size, dtype=torch.long, device=model.device)
+    kind = "token" if k == 1 else "speculative"
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        model._step(ids, start, prompt_len, kind)
+        model._sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def sweep_k(build_target, draft_factory, ks, input_ids, sequence_length: int, eos_token_id=None) -> list[dict]:
+    """Greedy speculation for each k against the plain decode of the same engine: tokens/s, the
+    acceptance rate, tokens per target call, and whether the output is token-identical."""
+    plain_model = build_target(0)
+    plain_model.sample(input_ids, input_ids.shape[1] + 2, top_k=1)  # warm-up
+    t0 = time.perf_counter()
+    plain = plain_model.sample(input_ids, sequence_length, top_k=1, eos_token_override=eos_token_id)
+    plain_s = time.perf_counter() - t0
+    n_new = plain.shape[1] - input_ids.shape[1]
+    rows = []
+    for k in ks:
+        target = build_target(k)
+        gen = SpeculativeGenerator(draft_factory(), target, k)
+        gen.sample(input_ids, input_ids.shape[1] + 2)  # warm-up
+        t0 = time.perf_counter()
+        out = gen.sample(input_ids, sequence_length, eos_token_id=eos_token_id)
+        spec_s = time.perf_counter() - t0
+        rows.append({"k": k, "identical": bool(torch.equal(out, plain)), "acceptance_rate": gen.stats["acceptance_rate"],
+                     "tokens_per_round": gen.stats["tokens_per_round"], "spec_tokens_per_s": n_new / spec_s,
+                     "plain_tokens_per_s": n_new / plain_s, "speedup": plain_s / spec_s,
+                     "verify_cost_ratio": step_cost(target, k + 1) / step_cost(target, 1)})
+    return rows

@@ -305,7 +305,8 @@ def test_load_baselines_validates(tmp_path):
     path.write_text(json.dumps({"01_a": {"m": {"rtol": 0.1}}}))
     with pytest.raises(runner.UsageError, match="need a 'value'"):
         runner.load_baselines(path)
-    assert runner.load_baselines(REPO_ROOT / "ci" / "baselines" / "cpu.json") == {}
+    shipped = runner.load_baselines(REPO_ROOT / "ci" / "baselines" / "cpu.json")  # the shipped file validates
+    assert all(runner.NOTEBOOK_RE.match(stem) for stem in shipped)
 
 
 def test_repo_paramset_loads():

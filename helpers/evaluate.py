@@ -1,0 +1,79 @@
+"""Accuracy measurements on a built engine: perplexity on a fixed text and greedy agreement.
+
+Both run the model's own weights and linear (so int8 storage, bf16, ... are what is measured) over a
+whole token sequence at once: one causal forward that returns the logits of every position.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from .engine import NeuronModel, build_mask
+
+EVAL_TEXT = Path(__file__).with_name("data") / "eval_text.txt"
+
+
+def eval_text() -> str:
+    """The fixed text shipped in the repo for perplexity (public-domain prose)."""
+    return EVAL_TEXT.read_text()
+
+
+@torch.inference_mode()
+def sequence_logits(model: NeuronModel, input_ids: torch.Tensor) -> torch.Tensor:
+    """Logits [T, vocab] of every position of one sequence [1, T] (T <= n_positions), f32."""
+    m = model._require_built()
+    ids = torch.as_tensor(input_ids).reshape(1, -1).to(model.device)
+    T = ids.shape[1]
+    if T > model.n_positions:
+        raise ValueError(f"{T} tokens exceed n_positions={model.n_positions}: split the sequence")
+    slots = torch.arange(T, device=model.device)
+    mask = build_mask(slots, torch.zeros(1, dtype=torch.long, device=model.device), T, model.args.sliding_window)
+    return m.forward(ids, slots[None], slots, T, mask, logit_idx=slots[None])[0]
+
+
+def perplexity(model: NeuronModel, input_ids: torch.Tensor, window: int | None = None) -> float:
+    """exp(mean negative log-likelihood) over non-overlapping windows of ``window`` tokens."""
+    ids = torch.as_tensor(input_ids).reshape(-1)
+    window = window or model.n_positions
+    nll, n = 0.0, 0
+    for s in range(0, ids.numel() - 1, window):
+        chunk = ids[s:s + window]
+        if chunk.numel() < 2:
+            break
+        logp = torch.log_softmax(sequence_logits(model, chunk), dim=-1)[:-1]
+        nll -= logp.gather(1, chunk[1:, None].to(logp.device)).sum().item()
+        n += chunk.numel() - 1
+    return math.exp(nll / n)
+
+
+def teacher_forced_agreement(model: NeuronModel, sequences: list[torch.Tensor], prompt_lens: list[int]) -> float:
+    """Fraction of positions where ``model``'s argmax equals the next token of ``sequences`` (each a
+    reference model's greedy continuation of its prompt): the greedy acceptance rate of ``model`` as a
+    draft for that reference, independent of where free-running outputs first diverge."""
+    hits, total = 0, 0
+    for seq, L in zip(sequences, prompt_lens):
+        seq = torch.as_tensor(seq).reshape(-1)
+        pred = sequence_logits(model, seq[:-1]).argmax(-1)[L - 1:].cpu()
+        hits += int((pred == seq[L:]).sum())
+        total += seq.numel() - L
+    return hits / total
+
+
+def decode_tokens_per_s(model: NeuronModel, input_ids: torch.Tensor, new_tokens: int, repeats: int = 1) -> float:
+    """Greedy decode speed, new tokens / s after the first (prompt encoding excluded); best of ``repeats``."""
+    ids = torch.as_tensor(input_ids).reshape(1, -1)
+    best = 0.0
+    for _ in range(repeats):
+        model.sample(ids, ids.shape[1] + new_tokens, top_k=1, eos_token_override=[])
+        t = model.stats["token_times_s"]
+        best = max(best, (len(t) - 1) / (t[-1] - t[0]))
+    return best
+
+
+def timed(fn, *args, **kwargs):
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t0

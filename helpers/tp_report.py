@@ -1,0 +1,205 @@
+"""Measurements, tables and drawings for notebooks 01 (tensor parallelism) and 02 (GQA sharding)."""
+from __future__ import annotations
+
+import statistics
+import warnings
+
+import torch
+
+from .build import build_model
+from .config import GQA, NeuronConfig
+from .gqa import NxDIGQA, library_default, resolve_layout
+from .planner import GiB, Shape, load_model_config, plan
+
+TNX_REQUESTS = (None, GQA.SHARD_OVER_HEADS, GQA.SHARD_OVER_BATCH, GQA.REPLICATED_HEADS, GQA.ALL_GATHER_HEADS)
+NXDI_REQUESTS = (NxDIGQA.REPLICATE_TO_TP_DEGREE, NxDIGQA.CONVERT_TO_MHA)
+ALL_REQUESTS = TNX_REQUESTS + NXDI_REQUESTS
+
+
+def label(strategy) -> str:
+    return "default" if strategy is None else strategy.value
+
+
+def rank_memory(model) -> list[dict]:
+    """Per rank: query/KV heads, weight and KV-cache bytes, cache shape — for NeuronModel and ParallelModel."""
+    if getattr(model, "rank_reports", None):
+        return model.rank_reports
+    from .parallel import weight_breakdown
+
+    m = model.model
+    layout = m.w.extra.get("layout")  # set when a GQA strategy was requested (helpers.parallel.shard_state_tp)
+    return [{"rank": 0, "weight_bytes": model.weight_bytes, "weights": weight_breakdown(m.w),
+             "kv_bytes": model.kv_cache_bytes, "kv_cache_shape": list(m.k_cache.shape),
+             "q_heads": list(layout.q_heads[0]) if layout else list(range(model.args.n_heads)),
+             "kv_heads": list(layout.kv_heads[0]) if layout else list(range(model.args.n_kv_heads))}]
+
+
+def run_generation(bk, model_path, tp: int, enc, max_new_tokens: int, repeats: int = 1, gqa=None,
+                   measure_collectives: bool = False, threads_per_rank: int | None = None, **settings) -> dict:
+    """Build at ``tp``, generate greedily (``repeats`` timed runs), score the prompt; then free the ranks.
+
+    ``threads_per_rank``: CPU threads each rank computes with (tp=1 included), like one NeuronCore per rank.
+    """
+    before = torch.get_num_threads()
+    if threads_per_rank:  # ranks take the driver's threads // tp at build time; tp=1 runs here
+        torch.set_num_threads(threads_per_rank * tp)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = build_model(bk, model_path, tp_degree=tp, neuron_config=NeuronConfig(group_query_attention=gqa),
+                            **settings)
+    if threads_per_rank:
+        torch.set_num_threads(threads_per_rank)
+    try:
+        ids, mask = enc.input_ids, enc.attention_mask
+        seq = ids.shape[1] + max_new_tokens
+        tokens, itls, ttfts = None, [], []
+        for _ in range(max(1, repeats)):
+            tokens = model.sample(ids, seq, top_k=1, attention_mask=mask)
+            t = model.stats["token_times_s"]
+            ttfts.append(t[0])
+            itls.append(statistics.median(b - a for a, b in zip(t, t[1:])) if len(t) > 1 else float("nan"))
+        logits = model.forward(ids, start_ids=(mask == 0).sum(1))
+        out = {"tp": tp, "tokens": tokens, "logits": logits, "itl_s": statistics.median(itls),
+               "ttft_s": statistics.median(ttfts), "build_s": getattr(model, "load_s", float("nan")),
+               "ranks": rank_memory(model), "warnings": [str(w.message) for w in caught],
+               "layout": getattr(model, "layout", None)}
+        if measure_collectives and hasattr(model, "all_reduce_latency"):
+            out["all_reduce_s"] = model.all_reduce_latency()
+            out["collectives_per_step"] = model.collectives_per_step
+        return out
+    finally:
+        torch.set_num_threads(before)
+        if hasattr(model, "close"):
+            model.close()
+
+
+def device_weight_bytes(rank: dict) -> int:
+    """A rank's weights as a NeuronCore holds them with transformers-neuronx: without the embedding (host),
+    with the LM head shard (the embedding itself when tied and unsharded)."""
+    w = rank["weights"]
+    return w["layers"] + w["norms"] + (w["lm_head"] or w["embedding"])
+
+
+def compare(result: dict, reference: dict) -> dict:
+    """Greedy-token agreement (and for how many leading positions) and the largest logit difference."""
+    a, b = result["tokens"], reference["tokens"]
+    n = min(a.shape[1], b.shape[1])
+    same_cols = (a[:, :n] == b[:, :n]).all(0).long()
+    return {"tokens_equal": bool(torch.equal(a, b)), "agree_positions": int(same_cols.cumprod(0).sum()),
+            "max_logit_diff": float((result["logits"] - reference["logits"]).abs().max())}
+
+
+def strategy_sweep(bk, model_path, tp_degrees, batch_sizes, encode, max_new_tokens: int, requests=ALL_REQUESTS,
+                   extra_cases=(), **settings) -> list[dict]:
+    """Every (tp, batch, requested strategy): what the library does with it, and — built once per distinct
+    layout — whether the outputs equal the tp=1 default run for that batch. ``encode(batch)`` gives the prompts.
+    ``extra_cases``: more (tp, batch, strategy) triples (e.g. a real SHARD_OVER_BATCH case)."""
+    from .model_store import load_config
+
+    a = Shape.from_config(load_config(model_path))
+    cases = [(tp, b, r) for b in batch_sizes for tp in tp_degrees for r in requests] + list(extra_cases)
+    refs, built, rows = {}, {}, []
+    for tp, b, req in cases:
+        enc = encode(b)
+        if b not in refs:
+            refs[b] = run_generation(bk, model_path, 1, enc, max_new_tokens, **settings, batch_size=b)
+            base = resolve_layout(a.heads, a.kv_heads, a.head_dim, 1, b, None)
+            built[(1, b, base.q_heads, base.kv_heads, base.kv_mode)] = {
+                **compare(refs[b], refs[b]), "rank_kv_bytes": [r["kv_bytes"] for r in refs[b]["ranks"]],
+                "kv_cache_shape": refs[b]["ranks"][0]["kv_cache_shape"], "first": f"default@tp1b{b}"}
+        row = {"tp": tp, "batch": b, "requested": label(req)}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                layout = resolve_layout(a.heads, a.kv_heads, a.head_dim, tp, b, req)
+            except ValueError as e:
+                rows.append({**row, "status": "rejected", "detail": str(e)})
+                continue
+        key = (tp, b, layout.q_heads, layout.kv_heads, layout.kv_mode)
+        row.update(resolved=layout.name, kv_mode=layout.kv_mode, fallback=[str(w.message) for w in caught])
+        if key in built:
+            rows.append({**row, **built[key], "status": "ok", "built": f"same layout as {built[key]['first']}"})
+            continue
+        res = run_generation(bk, model_path, tp, enc, max_new_tokens, gqa=req, **settings, batch_size=b)
+        cmp = compare(res, refs[b])
+        built[key] = {**cmp, "rank_kv_bytes": [r["kv_bytes"] for r in res["ranks"]],
+                      "kv_cache_shape": res["ranks"][0]["kv_cache_shape"], "first": f"{label(req)}@tp{tp}b{b}"}
+        rows.append({**row, **built[key], "status": "ok", "built": "yes"})
+    return rows
+
+
+def strategy_table(models, tp_degrees, batch_sizes) -> list[dict]:
+    """Which strategy each library ends with, per (model, tp, batch) and request ('error' = refused)."""
+    rows = []
+    for m in models:
+        s = Shape.from_config(load_model_config(m))
+        for tp in tp_degrees:
+            for b in batch_sizes:
+                row = {"model": s.name, "heads/kv": f"{s.heads}/{s.kv_heads}", "tp": tp, "batch": b}
+                for lib, req in [("tnx", None), ("tnx", GQA.SHARD_OVER_BATCH), ("tnx", GQA.REPLICATED_HEADS),
+                                 ("tnx", GQA.ALL_GATHER_HEADS), ("nxdi", None)]:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        try:
+                            lay = (library_default(lib, s.heads, s.kv_heads, s.head_dim, tp, b) if req is None
+                                   else resolve_layout(s.heads, s.kv_heads, s.head_dim, tp, b, req))
+                            cell = f"{lay.name} ({lay.kv_heads_per_rank}kv)"
+                        except ValueError:
+                            cell = "error"
+                    row[f"{lib}:{label(req)}"] = cell
+                rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict], columns=None) -> str:
+    """Rows of dicts as an aligned text table."""
+    if not rows:
+        return "(empty)"
+    cols = columns or list(rows[0])
+    cells = [[str(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths))  # noqa: E731
+    return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(r) for r in cells])
+
+
+def memory_curves(models, tp_degrees, **kwargs) -> dict:
+    """{model: [GiB per core for each tp]} (NaN where the library cannot build it)."""
+    out = {}
+    for m in models:
+        vals = []
+        for tp in tp_degrees:
+            p = plan(m, tp, **kwargs)
+            vals.append(float("nan") if p.error else p.total_bytes / GiB)
+        out[Shape.from_config(load_model_config(m)).name] = vals
+    return out
+
+
+def draw_layout(ax, layout, title: str | None = None):
+    """Per rank (column): the query heads it holds (top row, coloured by their KV head; grey = padding) and
+    its KV cache (bottom: one box per cached KV head; SHARD_OVER_BATCH: every head, for its batch rows)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    cmap = plt.get_cmap("tab10")
+    per = layout.n_heads // layout.n_kv_heads
+    width = max(max(len(q), len(k)) for q, k in zip(layout.q_heads, layout.kv_heads))
+    for r in range(layout.tp):
+        x0 = r * (width + 1)
+        for j, h in enumerate(layout.q_heads[r]):
+            color = "lightgrey" if h < 0 else cmap((h // per) % 10)
+            ax.add_patch(Rectangle((x0 + j, 1.2), 0.9, 0.9, color=color))
+            ax.text(x0 + j + 0.45, 1.65, "pad" if h < 0 else f"q{h}", ha="center", va="center", fontsize=7)
+        for j, h in enumerate(layout.kv_heads[r]):
+            color = "lightgrey" if h < 0 else cmap(h % 10)
+            ax.add_patch(Rectangle((x0 + j, 0), 0.9, 0.9, color=color, hatch="//" if layout.kv_mode == "gather" else None))
+            ax.text(x0 + j + 0.45, 0.45, "pad" if h < 0 else f"kv{h}", ha="center", va="center", fontsize=7)
+        rows = layout.describe()[r]["batch_rows"]
+        note = f"rows {rows}" if rows is not None else ""
+        ax.text(x0 + width / 2, -0.45, f"rank {r} {note}", ha="center", va="center", fontsize=8)
+    ax.set_xlim(-0.5, layout.tp * (width + 1))
+    ax.set_ylim(-0.9, 2.4)
+    ax.set_yticks([0.45, 1.65], ["KV cache", "q heads"])
+    ax.set_xticks([])
+    for side in ("top", "right", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(title or f"{layout.library} {layout.name} ({layout.kv_mode}), tp={layout.tp}", fontsize=9)

@@ -1,0 +1,28 @@
+"""transformers_neuronx/constants.py: enums and constants (values as in v0.13.0)."""
+import enum
+
+TILE_SIZE = 128
+FUSED_QKV_TP_FACTOR = 3
+KV_SHARD_PAD = 128
+TRN1_WORLD_SIZE = 32
+LAYOUT_BSH = 'BSH'
+LAYOUT_HSB = 'HSB'
+LAYOUT_SBH = 'SBH'
+
+
+class Layout(enum.Enum):
+    HSB = 'HSB'
+    BSH = 'BSH'
+    SBH = 'SBH'
+
+    def __eq__(self, value):  # the real Layout compares equal to its string value
+        return super().__eq__(Layout(value))
+
+    __hash__ = enum.Enum.__hash__
+
+
+class GQA(enum.Enum):
+    SHARD_OVER_HEADS = 'shard-over-heads'
+    SHARD_OVER_BATCH = 'shard-over-batch'
+    REPLICATED_HEADS = 'replicated-heads'
+    ALL_GATHER_HEADS = 'all-gather-heads'

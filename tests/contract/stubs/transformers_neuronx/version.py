@@ -1,0 +1,1 @@
+__version__ = '0.13.x'  # src/transformers_neuronx/version.py

@@ -1,0 +1,242 @@
+"""Contract test: every Neuron code path matches the pinned releases' API.
+
+What it proves: each notebook's Neuron cells (``neuron`` + ``tnx`` / ``nxdi`` tags) and the helpers
+entry point (``helpers.build_model`` on the neuron backend -> ``helpers.neuron``) call only classes,
+keywords, enum members and call orders that exist in transformers-neuronx 0.13 (v0.13.0) and NxD
+Inference 0.8 (SDK 2.28). The stand-in packages in ``stubs/`` transcribe those signatures and
+rules and raise on anything else, including keywords the real libraries silently swallow.
+What it does not prove: that anything runs on an inf2 instance (that is the inf2 workflow's job).
+
+Notebooks added to ``notebooks/`` later are picked up automatically; the cell convention is in
+``contract_harness.py`` (and docs/inf2.md).
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import contract_harness as harness  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "00_contract_sample.ipynb"
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+GUARD_RE = re.compile(r"run_neuron_cell\(\s*bk\s*,\s*[\"'](\w+)[\"']\s*\)")
+
+
+def _cases():
+    cases = []
+    for path in [FIXTURE, *NOTEBOOKS]:
+        nb = nbformat.read(str(path), as_version=4)
+        cases += [pytest.param(path, stack, id=f"{path.stem}-{stack}") for stack in harness.neuron_stacks(nb)]
+    return cases
+
+
+@pytest.fixture
+def contract(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with harness.stand_ins(compiled_dir=tmp_path / "compiled-cache") as c:
+        yield c
+
+
+@pytest.mark.parametrize("path,stack", _cases())
+def test_neuron_cells_match_pinned_api(path, stack, contract):
+    run = harness.run_neuron_cells(path, stack)
+    made = [name for name, _ in contract.calls(f"{stack}.")]
+    assert made, f"{path.stem}: the {stack} cells made no {stack} call (were they all skipped?)\n{run.stdout}"
+    assert not contract.calls("tnx." if stack == "nxdi" else "nxdi."), "a cell called the other stack"
+
+
+@pytest.mark.parametrize("path", [FIXTURE, *NOTEBOOKS], ids=lambda p: p.stem)
+def test_neuron_cells_are_tagged_and_guarded(path):
+    """Each Neuron cell carries one stack tag and guards itself with that same stack."""
+    nb = nbformat.read(str(path), as_version=4)
+    problems = []
+    for i, cell in enumerate(nb.cells):
+        t = harness.tags(cell)
+        if cell.cell_type != "code" or "neuron" not in t:
+            continue
+        stacks = t & set(harness.STACKS)
+        guards = set(GUARD_RE.findall(cell.source))
+        if len(stacks) != 1:
+            problems.append(f"cell {i}: tags {sorted(t)} need exactly one of {harness.STACKS}")
+        elif guards != stacks:
+            problems.append(f"cell {i}: tagged {sorted(stacks)} but guarded by run_neuron_cell(bk, {sorted(guards)})")
+    assert not problems, f"{path.name}: " + "; ".join(problems)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_has_cells_for_both_stacks(path):
+    nb = nbformat.read(str(path), as_version=4)
+    assert harness.neuron_stacks(nb) == list(harness.STACKS), (
+        f"{path.name}: the template asks for Neuron cells for both stacks (tags neuron+tnx and neuron+nxdi)")
+
+
+# ------------------------------------------------------------------------- the helpers entry point
+def _build(stack, **settings):
+    import helpers
+    from helpers.backend import Backend
+
+    return helpers.build_model(Backend("neuron", stack), None, **settings)
+
+
+class Recorder:
+    def __init__(self):
+        self.puts, self.ends = [], 0
+
+    def put(self, value):
+        self.puts.append(torch.as_tensor(value))
+
+    def end(self):
+        self.ends += 1
+
+
+@pytest.mark.parametrize("stack", harness.STACKS)
+def test_entry_point_all_settings(stack, contract, tmp_path):
+    import helpers
+
+    nc = helpers.NeuronConfig(group_query_attention="shard-over-heads", quant={"quant_dtype": "s8"})
+    extra = {"quantized_checkpoints_path": str(tmp_path / "q.pt")} if stack == "nxdi" else {}
+    model = _build(stack, batch_size=2, n_positions=[128, 256], tp_degree=2, amp="bf16",
+                   context_length_estimate=[64, 128], neuron_config=nc, speculation_length=3, **extra)
+    ids = torch.tensor([[0, 0, 5, 6], [1, 2, 3, 4]])
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    streamer = Recorder()
+    out = model.sample(ids, 10, attention_mask=mask, top_k=1, streamer=streamer, temperature=1)
+    assert out.shape == (2, 10) and torch.equal(out[:, :4], ids)
+    assert len(streamer.puts) == 6 and all(p.shape == (2, 1) for p in streamer.puts) and streamer.ends == 1
+    names = [n for n, _ in contract.calls(stack)]
+    if stack == "tnx":
+        assert names.index("tnx.enable_speculative_decoder") < names.index("tnx.to_neuron")
+        (_, kw), = contract.calls("tnx.LlamaForSampling.from_pretrained")
+        assert kw["n_positions"] == [128, 256] and kw["context_length_estimate"] == [64, 128]
+        assert kw["tp_degree"] == 2 and kw["amp"] == "bf16" and kw["batch_size"] == 2
+    else:
+        (_, kw), = contract.calls("nxdi.NeuronConfig")
+        assert kw["token_generation_buckets"] == [128, 256] and kw["context_encoding_buckets"] == [64, 128]
+        assert kw["seq_len"] == 256 and kw["max_context_length"] == 128 and kw["speculation_length"] == 3
+        assert kw["quantized"] and kw["quantization_dtype"] == "int8"
+        assert names.index("nxdi.save_quantized_state_dict") < names.index("nxdi.compile") < names.index("nxdi.load")
+        assert model.stats["ttft_s"] is None  # NxDI drives no per-token streamer
+
+
+def test_entry_point_tnx_reuses_saved_artifacts(contract):
+    _build("tnx", n_positions=128, tp_degree=1)
+    _build("tnx", n_positions=128, tp_degree=1)
+    loads = contract.calls("tnx.load")
+    assert [kw["loaded"] for _, kw in contract.calls("tnx.to_neuron")] == [False, True] and len(loads) == 1
+
+
+def test_entry_point_tnx_stopping_criteria_see_generated_ids(contract):
+    model = _build("tnx", batch_size=2, n_positions=128, tp_degree=1)
+    seen = []
+
+    def stop_after_three(ids, scores):  # per-row flags, as Hugging Face criteria return
+        seen.append(ids.shape[1])
+        return torch.full((ids.shape[0],), ids.shape[1] >= 7)
+
+    out = model.sample(torch.ones(2, 4, dtype=torch.long), 20, top_k=1, stopping_criteria_list=stop_after_three)
+    assert seen[0] == 5 and out.shape[1] == 7  # prompt + generated so far, not the prompt alone
+    assert model.stats["row_new_tokens"] == [3, 3]
+
+
+@pytest.mark.parametrize("stack", harness.STACKS)
+def test_entry_point_rows_stop_one_by_one(stack, contract):
+    model = _build(stack, batch_size=2, n_positions=128, tp_degree=1)
+
+    def stop_row0(ids, scores):
+        return torch.tensor([ids.shape[1] >= 6, ids.shape[1] >= 9])
+
+    out = model.sample(torch.ones(2, 4, dtype=torch.long), 20, top_k=1, stopping_criteria_list=stop_row0,
+                       pad_token_id=0)
+    assert model.stats["row_new_tokens"] == [2, 5] and out.shape == (2, 9)
+    assert out[0, 6:].tolist() == [0, 0, 0] and (out[1, 4:] != 0).all()
+
+
+def test_entry_point_refuses_mistral_on_nxdi(contract, tmp_path):
+    import json
+    import shutil
+
+    import helpers
+
+    src = Path(helpers.resolve_model_path(None))
+    dst = tmp_path / "mistral"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("model.safetensors"))
+    cfg = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**cfg, "model_type": "mistral"}))
+    with pytest.raises(ValueError, match="no models.mistral"):
+        helpers.build_model(helpers.Backend("neuron", "nxdi"), str(dst))
+
+
+# ------------------------------------------------------------------------- the contract can fail
+def _misspell(target_cell_text, old, new):
+    def edit(i, source):
+        return source.replace(old, new) if target_cell_text in source else source
+    return edit
+
+
+@pytest.mark.parametrize("stack,cell_text,old,new", [
+    ("tnx", "LlamaForSampling.from_pretrained(tnx_path", "n_positions=n_positions", "n_position=n_positions"),
+    ("tnx", "LlamaForSampling.from_pretrained(tnx_path", "tp_degree=tp_degree,", "tp_degree=tp_degree, prompt_batch_size=2,"),
+    ("tnx", "tnx_model.sample(", "top_k=1", "topk=1"),
+    ("tnx", "GQA.REPLICATED_HEADS", "GQA.REPLICATED_HEADS", "GQA.REPLICATE_HEADS"),
+    ("nxdi", "nxdi_config = NeuronConfig(", "seq_len=n_positions", "seq_length=n_positions"),
+    ("nxdi", "nxdi_config = NeuronConfig(", "tp_degree=tp_degree,", "tp_degree=tp_degree, trace_tokengen_model=False,"),
+    ("nxdi", "adapter.generate(", "max_length=sequence_length", "max_lenght=sequence_length"),
+])
+def test_misspelled_keyword_fails_the_contract(stack, cell_text, old, new, contract):
+    with pytest.raises((contract.ContractError, AttributeError, TypeError)) as err:
+        harness.run_neuron_cells(FIXTURE, stack, edit=_misspell(cell_text, old, new))
+    assert any(w in str(err.value) for w in (old.split("=")[0].split(".")[-1], new.split("=")[0].split(".")[-1],
+                                             "prompt_batch_size", "trace_tokengen_model")), str(err.value)
+
+
+@pytest.mark.parametrize("stack,cell_text,old,new,match", [
+    ("tnx", "tnx_model.enable_speculative_decoder", "    tnx_model.enable_speculative_decoder(speculation_length)  # before to_neuron()\n    tnx_model.to_neuron()",
+     "    tnx_model.to_neuron()\n    tnx_model.enable_speculative_decoder(speculation_length)", "before"),
+    ("tnx", "tnx_reloaded.load", "    tnx_reloaded.load(compiled_dir)  # before to_neuron(): skips compilation\n    tnx_reloaded.to_neuron()",
+     "    tnx_reloaded.to_neuron()\n    tnx_reloaded.load(compiled_dir)", "load"),
+    ("tnx", "tnx_model.save(", "tnx_model.save(compiled_dir)", "tnx_model.save(compiled_dir, sharded_weights=True)",
+     "on_device_embedding"),
+    ("tnx", "tnx_model.sample(", "temperature=1.0", "temperature=1", "temperature"),
+    ("nxdi", "nxdi_model.load(", "    nxdi_model.compile(compiled_dir)\n", "", "compile"),
+])
+def test_wrong_call_order_fails_the_contract(stack, cell_text, old, new, match, contract):
+    edit = _misspell(cell_text, old, new)
+    assert any(old in c.source for c in nbformat.read(str(FIXTURE), as_version=4).cells), "the edit must apply"
+    with pytest.raises((contract.ContractError, AssertionError, ValueError)) as err:
+        harness.run_neuron_cells(FIXTURE, stack, edit=edit)
+    assert match in str(err.value)
+
+
+def test_mistral_sample_has_no_cache_ids(contract):
+    from transformers_neuronx import MistralForSampling  # the stand-in, transcribed from mistral/model.py
+
+    with pytest.raises(TypeError, match="cache_ids"):
+        MistralForSampling.sample(object(), torch.ones(1, 2, dtype=torch.long), 8, cache_ids=torch.arange(2))
+    with pytest.raises(TypeError, match="no_repeat_ngram_size"):
+        MistralForSampling.sample(object(), torch.ones(1, 2, dtype=torch.long), 8, no_repeat_ngram_size=3)
+
+
+def test_helpers_keyword_list_matches_the_stand_in(contract):
+    """helpers.neuron's NxDI keyword guard and the stand-in are two transcriptions of models/config.py."""
+    from neuronx_distributed_inference.models.config import NEURON_CONFIG_KEYWORDS
+
+    from helpers.neuron import NXDI_NEURON_CONFIG_KEYS
+
+    assert NXDI_NEURON_CONFIG_KEYS == NEURON_CONFIG_KEYWORDS
+
+
+def test_stand_ins_leave_no_trace():
+    with harness.stand_ins():
+        import transformers_neuronx  # noqa: F401
+    assert "transformers_neuronx" not in sys.modules
+    assert all(not p.endswith("stubs") for p in sys.path)
+    from helpers.backend import installed_stacks
+
+    assert installed_stacks() == []

@@ -1,0 +1,98 @@
+"""helpers.lmi: the LMI serving.properties export, checked against the option table of the DJL LMI
+transformers-neuronx guide (shared/reference/002_8213bce91041d037.txt, when the checkout has it)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import helpers
+from helpers import lmi
+
+GUIDE_NAME = "002_8213bce91041d037.txt"
+
+
+def _guide() -> str | None:
+    for parent in Path(__file__).resolve().parents:
+        path = parent / "shared" / "reference" / GUIDE_NAME
+        if path.exists():
+            return path.read_text()
+    return None
+
+
+GUIDE = _guide()
+needs_guide = pytest.mark.skipif(GUIDE is None, reason=f"shared/reference/{GUIDE_NAME} is not beside this checkout")
+
+
+def _block_after(heading: str) -> list[str]:
+    part = GUIDE.split(heading, 1)[1]
+    block = part.split("```", 2)[1]
+    return [ln for ln in block.strip().splitlines() if ln and not ln.startswith("#")]
+
+
+@needs_guide
+def test_advanced_option_table_is_transcribed_exactly():
+    table = re.findall(r"^\|\s*option\.(\w+)\s*\|", GUIDE, flags=re.M)
+    assert tuple(table) == lmi.ADVANCED_OPTIONS
+
+
+@needs_guide
+def test_quick_start_template_round_trips():
+    """The guide's Quick Start serving.properties and environment variables, reproduced from settings."""
+    props = _block_after("### serving.properties")
+    env = _block_after("### environment variables")
+    cfg = lmi.lmi_config("<your model>", tp_degree=4, n_positions=128, batch_size=8, model_loading_timeout=1600)
+    ours = cfg.serving_properties().splitlines()
+    assert set(props) <= set(ours)
+    assert set(ours) - set(props) == {"option.n_positions=128"}
+    ours_env = {f"{k}={v}" for k, v in cfg.env().items()}
+    assert set(env) <= ours_env and ours_env - set(env) == {"OPTION_N_POSITIONS=128"}
+
+
+@needs_guide
+def test_quantize_and_gqa_values_are_the_guides():
+    assert "option.quantize=static_int8" in GUIDE and "OPTION_QUANTIZE=static_int8" in GUIDE
+    cfg = lmi.lmi_config("m", tp_degree=2, n_positions=512, neuron_config=helpers.NeuronConfig(
+        group_query_attention="shard-over-heads", quant={"quant_dtype": "s8"}), context_length_estimate=[256, 128])
+    text = cfg.serving_properties()
+    assert "option.quantize=static_int8\n" in text and "option.group_query_attention=shard-over-heads\n" in text
+    assert "`shard-over-heads`" in GUIDE
+    assert "option.context_length_estimate=128,256\n" in text  # "integers separated by comma if multiple values"
+    assert cfg.env()["OPTION_QUANTIZE"] == "static_int8"
+
+
+def test_every_exported_option_is_in_the_guide_lists():
+    cfg = lmi.lmi_config("org/model", tp_degree=8, n_positions=4096, batch_size=4, context_length_estimate=1024,
+                         neuron_config=helpers.NeuronConfig(group_query_attention="replicated-heads", quant="s8"))
+    assert set(cfg.options) <= set(lmi.TEMPLATE_OPTIONS + lmi.ADVANCED_OPTIONS)
+    assert cfg.options["tensor_parallel_degree"] == 8 and cfg.options["max_rolling_batch_size"] == 4
+    assert cfg.serving_properties().startswith("engine=Python\noption.model_id=org/model\n")
+
+
+def test_write(tmp_path):
+    path = lmi.lmi_config("m", tp_degree=2, n_positions=256).write(tmp_path / "deploy")
+    assert path.read_text().splitlines()[0] == "engine=Python"
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(tp_degree=3), "tensor_parallel_degree=3"),
+    (dict(n_positions=[128, 256]), "one total length"),
+    (dict(amp="bf16"), "no dtype"),
+    (dict(context_length_estimate=[128, 1024]), "context_length_estimate 1024"),
+    (dict(context_length_estimate=0), "no context encoding"),
+    (dict(neuron_config=helpers.NeuronConfig(quant={"quant_dtype": "f8e4m3fn"})), "static_int8"),
+    (dict(neuron_config=helpers.NeuronConfig(on_device_embedding=True)), "on_device_embedding"),
+    (dict(rolling_batch="lmi-dist"), "rolling_batch"),
+    (dict(instance="trn2"), "instance"),
+])
+def test_refuses_what_lmi_does_not_accept(kwargs, match):
+    base = dict(tp_degree=2, n_positions=512)
+    with pytest.raises(ValueError, match=match):
+        lmi.lmi_config("m", **{**base, **kwargs})
+
+
+def test_trn1_degrees():
+    assert lmi.lmi_config("m", tp_degree=32, n_positions=512, instance="trn1").options["tensor_parallel_degree"] == 32
+    with pytest.raises(ValueError):
+        lmi.lmi_config("m", tp_degree=24, n_positions=512, instance="trn1")

@@ -1,0 +1,149 @@
+"""helpers.neuron pure functions: settings mapping, checkpoint compatibility, padding, runtime env."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import helpers
+from helpers import neuron
+from helpers.buckets import nxdi_select, tnx_find
+
+
+def test_tnx_mapping_keeps_the_reference_names():
+    nc = helpers.NeuronConfig(group_query_attention="shard-over-batch", quant={"quant_dtype": "s8"})
+    s = neuron.neuron_settings("tnx", batch_size=4, n_positions=2048, tp_degree=2, amp="f16",
+                               context_length_estimate=[256, 512], neuron_config=nc)
+    assert s.model_kwargs == {"batch_size": 4, "n_positions": 2048, "tp_degree": 2, "amp": "f16",
+                              "context_length_estimate": [256, 512]}
+    assert s.neuron_config["group_query_attention"] == "shard-over-batch"
+    assert s.quantization == {"quant_dtype": "s8", "dequant_dtype": "f16"}  # dequantize to amp, not 'f16' default
+
+
+def test_tp_degree_is_always_explicit():
+    # transformers-neuronx's default tp_degree is 2 (llama/model.py); the reference engine's is 1.
+    assert neuron.neuron_settings("tnx").model_kwargs["tp_degree"] == 1
+
+
+@pytest.mark.parametrize("n_positions,cle", [(2048, None), (300, None), ([128, 512, 1024], [64, 300]), (256, 100)])
+def test_nxdi_compiles_the_same_buckets_as_tnx(n_positions, cle):
+    tnx = neuron.neuron_settings("tnx", n_positions=n_positions, context_length_estimate=cle)
+    nx = neuron.neuron_settings("nxdi", n_positions=n_positions, context_length_estimate=cle).neuron_config
+    tokens = helpers.buckets.tnx_token_buckets(tnx.model_kwargs["n_positions"])
+    contexts = helpers.buckets.tnx_context_buckets(tnx.model_kwargs["context_length_estimate"], tokens)
+    assert nx["token_generation_buckets"] == tokens and nx["context_encoding_buckets"] == contexts
+    assert nx["seq_len"] == max(tokens) and nx["max_context_length"] == max(contexts)
+    assert nx["enable_bucketing"] and nx["padding_side"] == "right"
+
+
+def test_bucket_selection_differs_at_the_edge():
+    # Same lists, different runtime rule: tnx takes the smallest bucket >= n, NxDI the first with n < bucket.
+    assert tnx_find([128, 256], 128) == 128 and nxdi_select([128, 256], 128, "token") == 256
+
+
+def test_nxdi_mapping_dtype_quant_speculation(tmp_path):
+    nc = helpers.NeuronConfig(quant={"quant_dtype": "f8e4m3fn"})
+    s = neuron.neuron_settings("nxdi", amp="bf16", neuron_config=nc, speculation_length=4,
+                               quantized_checkpoints_path=tmp_path / "q")
+    assert s.neuron_config["torch_dtype"] == "bfloat16" and s.neuron_config["speculation_length"] == 4
+    assert s.neuron_config["quantized"] and s.neuron_config["quantization_dtype"] == "f8e4m3"
+    assert s.neuron_config["quantization_type"] == "per_channel_symmetric"
+    assert set(s.neuron_config) <= neuron.NXDI_NEURON_CONFIG_KEYS
+
+
+def test_nxdi_gqa_choice_is_reported_not_dropped():
+    s = neuron.neuron_settings("nxdi", neuron_config=helpers.NeuronConfig(group_query_attention="replicated-heads"))
+    assert "group_query_attention" not in s.neuron_config and any("CONVERT_TO_MHA" in n for n in s.notes)
+
+
+@pytest.mark.parametrize("stack,kwargs,exc,match", [
+    ("nxdi", dict(nxdi_overrides={"trace_tokengen_model": False}), TypeError, "trace_tokengen_model"),
+    ("nxdi", dict(nxdi_overrides={"seq_length": 64}), TypeError, "Did you mean 'seq_len'"),
+    ("nxdi", dict(neuron_config=helpers.NeuronConfig(quant="s8")), ValueError, "quantized_checkpoints_path"),
+    ("nxdi", dict(neuron_config=helpers.NeuronConfig(quant={"quantize_method": "direct_cast"}),
+                  quantized_checkpoints_path="q"), ValueError, "direct_cast"),
+    ("tnx", dict(nxdi_overrides={"seq_len": 64}), ValueError, "nxdi_overrides"),
+    ("tnx", dict(tp_degree=3), ValueError, "tp_degree=3"),
+    ("tnx", dict(amp="fp16"), ValueError, "amp"),
+    ("tnx", dict(n_positions=256, context_length_estimate=512), ValueError, "cannot be more than"),
+    ("tnx", dict(device="cuda"), ValueError, "reference-engine"),
+    ("tnx", dict(neuron_config=helpers.NeuronConfig(quant={"quant_dtype": "s4"})), ValueError, "quant_dtype"),
+    ("tnx", dict(neuron_config=helpers.NeuronConfig(quant={"quant_dtpye": "s8"})), TypeError, "quant_dtype"),
+    ("mxnet", dict(), ValueError, "stack"),
+])
+def test_refused_before_any_build(stack, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        neuron.neuron_settings(stack, **kwargs)
+
+
+def test_neuron_model_dir_writes_legacy_rope_keys(tmp_path):
+    src = tmp_path / "m"
+    src.mkdir()
+    cfg = {"model_type": "llama", "dtype": "bfloat16", "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}}
+    (src / "config.json").write_text(json.dumps(cfg))
+    (src / "model.safetensors").write_bytes(b"w")
+    out = neuron.neuron_model_dir(str(src), cache_dir=tmp_path / "cache")
+    legacy = json.loads((tmp_path / "cache" / out.split("/")[-1] / "config.json").read_text())
+    assert legacy["rope_theta"] == 100000.0 and "rope_parameters" not in legacy and "rope_scaling" not in legacy
+    assert legacy["torch_dtype"] == "bfloat16"
+    assert (tmp_path / "cache" / out.split("/")[-1] / "model.safetensors").read_bytes() == b"w"
+    assert neuron.neuron_model_dir(out) == out  # already compatible: used as is
+
+
+def test_neuron_model_dir_llama3_scaling(tmp_path):
+    src = tmp_path / "m"
+    src.mkdir()
+    rope = {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0}
+    (src / "config.json").write_text(json.dumps({"model_type": "llama", "rope_parameters": rope}))
+    legacy = json.loads((tmp_path / "c" / neuron.neuron_model_dir(str(src), tmp_path / "c").split("/")[-1]
+                         / "config.json").read_text())
+    assert legacy["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0}
+
+
+def test_embedded_model_gets_its_real_rope_theta():
+    path = neuron.neuron_model_dir(None)
+    assert neuron.read_hf_config(path)["rope_theta"] == 100000.0  # not transformers-neuronx's 10000 default
+
+
+def test_left_to_right_padding_and_start_ids():
+    ids = torch.tensor([[0, 0, 7, 8], [5, 6, 7, 8]])
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    assert neuron.start_ids_from_mask(mask).tolist() == [2, 0]
+    rids, rmask = neuron.left_to_right_padding(ids, mask, pad_token_id=9)
+    assert rids.tolist() == [[7, 8, 9, 9], [5, 6, 7, 8]] and rmask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
+    with pytest.raises(ValueError, match="pad on the left"):
+        neuron.start_ids_from_mask(torch.tensor([[1, 0]]))
+
+
+def test_finish_rows_pads_after_eos_or_criterion():
+    seq = torch.tensor([[1, 2, 5, 2, 2, 2], [1, 2, 5, 6, 7, 8], [1, 2, 5, 6, 7, 8]])
+    out, counts = neuron.finish_rows(seq, 2, [2], [None, 2, None], pad=0)
+    assert out.tolist() == [[1, 2, 5, 2, 0, 0], [1, 2, 5, 6, 0, 0], [1, 2, 5, 6, 7, 8]]
+    assert counts == [2, 2, 4]
+
+
+def test_runtime_env():
+    assert neuron.neuron_runtime_env(visible_cores=[0, 1], omp_threads=8, compile_cache="/cache") == {
+        "NEURON_RT_VISIBLE_CORES": "0-1", "OMP_NUM_THREADS": "8", "NEURON_COMPILE_CACHE_URL": "/cache"}
+    assert neuron.neuron_runtime_env(visible_cores="0,2")["NEURON_RT_VISIBLE_CORES"] == "0,2"
+    assert neuron.neuron_runtime_env(num_cores=2) == {"NEURON_RT_NUM_CORES": "2"}
+    assert neuron.omp_threads_for(4, host_cpus=192) == 48
+    with pytest.raises(ValueError, match="not both"):
+        neuron.neuron_runtime_env(visible_cores="0", num_cores=1)
+    with pytest.raises(ValueError):
+        neuron.neuron_runtime_env(visible_cores="1-0")
+
+
+def test_configure_and_check_cores(monkeypatch):
+    monkeypatch.setenv("NEURON_RT_NUM_CORES", "4")
+    monkeypatch.delenv("NEURON_RT_VISIBLE_CORES", raising=False)  # restored after the test
+    env = neuron.configure_neuron_runtime(visible_cores="0-1")
+    import os
+
+    assert os.environ["NEURON_RT_VISIBLE_CORES"] == "0-1" and "NEURON_RT_NUM_CORES" not in os.environ
+    assert env == {"NEURON_RT_VISIBLE_CORES": "0-1"}
+    neuron.check_visible_cores(2)
+    with pytest.raises(ValueError, match="tp_degree=8"):
+        neuron.check_visible_cores(8)
+    neuron.check_visible_cores(8, environ={})  # nothing set: all cores visible

@@ -1,0 +1,69 @@
+"""int8 weight storage: round-trip error bounds, refusals, the NxDI-style checkpoint, and the engine
+against its unquantized self."""
+import pytest
+import torch
+
+import helpers
+from helpers.quant import (QuantizationConfig, dequant_linear, quantize_tensor, quantized_weight_bytes,
+                           save_quantized_state_dict)
+from tiny_models import write_tiny
+
+
+@pytest.mark.parametrize("method", ["vector_dynamic", "per_channel_symmetric", "per_tensor_symmetric"])
+def test_int8_round_trip_error_is_at_most_half_a_step(method):
+    w = torch.randn(64, 32) * torch.linspace(0.01, 3, 64)[:, None]
+    q, scale = quantize_tensor(w, QuantizationConfig(quantize_method=method, dequant_dtype="f32"))
+    assert q.dtype == torch.int8
+    deq = q.float() * scale[:, None] if scale.numel() > 1 else q.float() * scale
+    step = (scale[:, None] if scale.numel() > 1 else scale).expand_as(w)
+    assert ((deq - w).abs() <= step / 2 + 1e-6).all()
+    if method != "per_tensor_symmetric":  # per channel: each row uses its full range
+        assert (q.abs().amax(1) == 127).all()
+
+
+def test_dequant_linear_matches_dense_product():
+    w = torch.randn(48, 16)
+    cfg = QuantizationConfig(dequant_dtype="f32")
+    from helpers.quant import QuantWeight
+    q, s = quantize_tensor(w, cfg)
+    qw = QuantWeight(q, s, torch.float32)
+    x = torch.randn(3, 16)
+    assert torch.allclose(dequant_linear(x, qw), x @ qw.dequantize().T, atol=1e-4)
+
+
+def test_refusals(tmp_path):
+    with pytest.raises(ValueError, match="direct_cast"):
+        QuantizationConfig(quant_dtype="s8", quantize_method="direct_cast")
+    with pytest.raises(ValueError, match="quantize_method='per_row'"):
+        QuantizationConfig(quantize_method="per_row")
+    write_tiny(tmp_path)
+    with pytest.raises(ValueError, match="amp must equal the dequant dtype"):
+        helpers.NeuronModel.from_pretrained(tmp_path, n_positions=64, amp="f32", neuron_config=helpers.NeuronConfig(
+            quant=QuantizationConfig(dequant_dtype="bf16")))
+    with pytest.raises(FileNotFoundError, match="save_quantized_state_dict"):
+        helpers.NeuronModel.from_pretrained(tmp_path, n_positions=64, amp="f32", neuron_config=helpers.NeuronConfig(
+            quant=QuantizationConfig(dequant_dtype="f32", quantized_checkpoints_path=tmp_path / "q")))
+
+
+def test_engine_int8_storage_bytes_and_accuracy(tmp_path):
+    write_tiny(tmp_path, num_hidden_layers=3)
+    base = helpers.NeuronModel.from_pretrained(tmp_path, n_positions=64).to_neuron()
+    cfg = QuantizationConfig(dequant_dtype="f32", quantize_method="per_channel_symmetric",
+                             quantized_checkpoints_path=tmp_path / "q8")
+    save_quantized_state_dict(tmp_path, cfg)
+    m = helpers.NeuronModel.from_pretrained(tmp_path, n_positions=64, neuron_config=helpers.NeuronConfig(quant=cfg)).to_neuron()
+    stored, full = quantized_weight_bytes(m.model)
+    assert stored / full == pytest.approx(0.25, abs=0.02)  # int8 values + one f32 scale per row
+    assert m.weight_bytes < base.weight_bytes
+    ids = torch.randint(3, 250, (1, 10))
+    a, b = m.forward(ids), base.forward(ids)
+    assert (a - b).abs().max() < 0.05 * b.abs().max()
+    # quantize-on-load (no checkpoint) gives the same weights as the checkpoint written once
+    cfg2 = QuantizationConfig(dequant_dtype="f32", quantize_method="per_channel_symmetric")
+    m2 = helpers.NeuronModel.from_pretrained(tmp_path, n_positions=64, neuron_config=helpers.NeuronConfig(quant=cfg2)).to_neuron()
+    assert torch.equal(m2.forward(ids), m.forward(ids))
+    # a checkpoint written with other settings is refused, naming the fix
+    other = QuantizationConfig(dequant_dtype="f32", quantize_method="per_tensor_symmetric",
+                               quantized_checkpoints_path=tmp_path / "q8")
+    with pytest.raises(ValueError, match="rewrite it"):
+        helpers.NeuronModel.from_pretrained(tmp_path, n_positions=64, neuron_config=helpers.NeuronConfig(quant=other)).to_neuron()
