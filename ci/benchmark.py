@@ -14,6 +14,7 @@ bytes) and a read-only reduction; the roofline uses the faster of the two.
 
     python ci/benchmark.py                  # f32 + bf16, batch 1 and 8, 128 + 128 tokens, 5 repeats
     python ci/benchmark.py --compiled       # also the engine with NeuronConfig(compiled=True)
+    python ci/benchmark.py --compiled aoti  #   ... or any other NeuronConfig(compiled=...) value
     python ci/benchmark.py --json out.json  # also write every figure as JSON ('-': JSON on stdout)
     python ci/benchmark.py --quick          # CI smoke run: f32, batch 1, 32 + 32 tokens, 3 repeats
     python ci/benchmark.py --profile        # plus a torch.profiler table of one engine decode
@@ -145,7 +146,7 @@ def bench_config(amp: str, batch: int, a, tokenizer, bw: dict, device) -> dict:
     P, N = a.prompt_tokens, a.new_tokens
     ids = make_prompt(tokenizer, P, batch).to(device)
     mask = torch.ones_like(ids)
-    variants = [("engine", False)] + ([("engine_compiled", True)] if a.compiled else [])
+    variants = [("engine", False)] + ([("engine_compiled", a.compiled)] if a.compiled else [])
     engines, runs = {}, {}
     for name, compiled in variants:
         t = time.perf_counter()
@@ -194,6 +195,7 @@ def bench_config(amp: str, batch: int, a, tokenizer, bw: dict, device) -> dict:
         res[name]["greedy_identical_to_hf"] = bool(diff.numel() == 0)
         res[name]["first_divergent_position"] = None if diff.numel() == 0 else int(diff[0]) - P
     if a.profile:
+        print(f"\nprofile of the engine's decode steps, amp={amp} batch={batch}:")
         res["profile"] = profile_engine(m, ids, P, N)
     del engines, hf, runs
     gc.collect()
@@ -201,21 +203,26 @@ def bench_config(amp: str, batch: int, a, tokenizer, bw: dict, device) -> dict:
 
 
 def profile_engine(m, ids, P: int, N: int, rows: int = 12) -> dict:
-    """One greedy decode under torch.profiler: top ops by self time, and what the matmuls achieve."""
+    """N - 1 decode steps (public ``forward`` with ``cache_ids``) under torch.profiler, after an
+    unprofiled prefill: top ops by self time, and the bandwidth the matmuls reach."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        m.sample(ids, P + N, top_k=1, eos_token_override=[])
+    steps = N - 1
+    with torch.inference_mode():
+        tok = m.forward(ids).argmax(-1, keepdim=True)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            t = time.perf_counter()
+            for pos in range(P, P + steps):
+                tok = m.forward(tok, cache_ids=torch.tensor([pos])).argmax(-1, keepdim=True)
+            wall = time.perf_counter() - t
     ev = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in ev)
     print(ev.table(sort_by="self_cpu_time_total", row_limit=rows))
     top = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:rows]
-    mm = sum(e.self_cpu_time_total for e in ev if e.key in ("aten::mm", "aten::addmm", "aten::bmm"))
-    w = m.model.w
-    mm_bytes = streamed_bytes(m) * (N - 1)  # every decode step streams the weights through matmuls
+    mm = sum(e.self_cpu_time_total for e in ev if e.key in ("aten::mm", "aten::addmm", "aten::bmm")) * 1e-6
     return {"self_cpu_share": {e.key: e.self_cpu_time_total / total for e in top},
-            "matmul_share": mm / total, "matmul_gbs_during_decode": mm_bytes / (mm * 1e-6) / 1e9,
-            "calls_per_decode_step": sum(e.count for e in ev) / N, "lm_head_is_embed": w.lm_head is w.embed}
+            "steps": steps, "ms_per_step_profiled": wall / steps * 1e3, "matmul_ms_per_step": mm / steps * 1e3,
+            "matmul_share": mm / (total * 1e-6), "matmul_gbs": streamed_bytes(m) * steps / mm / 1e9}
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -238,6 +245,10 @@ def print_config(r: dict) -> None:
         if name in r:
             d = r[name]["first_divergent_position"]
             print(f"  {name} greedy tokens identical to HF: " + ("yes" if d is None else f"no (from new token {d})"))
+    if "profile" in r:
+        p = r["profile"]
+        print(f"  profile: {p['ms_per_step_profiled']:.1f} ms/step, of which matmuls {p['matmul_ms_per_step']:.1f} ms "
+              f"({p['matmul_share']:.0%} of CPU time) at {p['matmul_gbs']:.1f} GB/s")
     if r["batch_size"] > 1:
         print(f"  aggregate tok/s (x{r['batch_size']}): engine {r['engine']['decode_tok_s']['median'] * r['batch_size']:.1f}"
               f", HF {r['hf']['decode_tok_s']['median'] * r['batch_size']:.1f}")
@@ -265,7 +276,8 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--compiled", action="store_true", help="also the engine with NeuronConfig(compiled=True)")
+    p.add_argument("--compiled", nargs="?", const=True, default=None, metavar="MODE",
+                   help="also the engine with NeuronConfig(compiled=MODE) (bare flag: compiled=True)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--bandwidth-mib", type=int, default=512, help="size of each bandwidth test buffer")

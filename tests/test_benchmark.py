@@ -1,0 +1,74 @@
+"""ci/benchmark.py end to end (--quick): the figures it must print, and what they must satisfy.
+
+Timings are noisy on a shared machine, so the assertions are on what does not depend on load:
+the roofline arithmetic, greedy agreement with transformers, and the engine beating generate()
+(measured alternately in the same run, so load slows both alike).
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "ci/benchmark.py"), "--quick", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True)
+    print(proc.stdout[-3000:], proc.stderr[-3000:])
+    assert proc.returncode == 0
+    return json.loads(out.read_text()), proc.stdout
+
+
+@pytest.mark.slow
+def test_prints_every_figure_and_ratio(report):
+    rep, text = report
+    for needle in ("memory bandwidth", "engine (eager)", "HF generate()", "roofline", "engine_over_hf",
+                   "engine_over_roofline", "goal (f32, batch 1"):
+        assert needle in text
+    bw = rep["bandwidth"]
+    assert bw["roofline_gbs"] == max(bw["copy_gbs"]["median"], bw["read_gbs"]["median"]) > 0
+    (r,) = rep["results"]
+    assert r["engine"]["decode_tok_s"]["n"] == r["hf"]["decode_tok_s"]["n"] == 3
+    for side in ("engine", "hf"):
+        s = r[side]["decode_tok_s"]
+        assert 0 < s["min"] <= s["median"] <= s["max"]
+        assert r[side]["prefill_ms"]["median"] > 0
+
+
+@pytest.mark.slow
+def test_roofline_arithmetic(report):
+    rep, _ = report
+    (r,) = rep["results"]
+    P, N = r["prompt_tokens"], r["new_tokens"]
+    # SmolLM2-135M f32, tied embeddings: every weight once + K and V of 30 layers x 3 heads x 64 dims
+    weights = 134_515_008 * 4
+    kv = 2 * 30 * 3 * 64 * 4 * (P + (N - 1) / 2)
+    assert r["roofline"]["bytes_per_step"] == pytest.approx(weights + kv)
+    assert r["roofline"]["decode_tok_s"] == pytest.approx(rep["bandwidth"]["roofline_gbs"] * 1e9 / (weights + kv))
+    e = r["engine"]["decode_tok_s"]["median"]
+    assert r["ratios"]["engine_over_roofline"] == pytest.approx(e / r["roofline"]["decode_tok_s"])
+    assert r["ratios"]["engine_over_hf"] == pytest.approx(e / r["hf"]["decode_tok_s"]["median"])
+
+
+@pytest.mark.slow
+def test_engine_is_greedy_identical_to_hf_and_faster(report):
+    rep, _ = report
+    (r,) = rep["results"]
+    assert r["engine"]["greedy_identical_to_hf"]
+    assert r["ratios"]["engine_over_hf"] > 1.0, r
+
+
+def test_column_major_layout_keeps_values_and_shapes():
+    from helpers.engine import column_major
+
+    w = torch.randn(96, 64)
+    c = column_major(w)
+    assert c.shape == w.shape and torch.equal(c, w) and c.t().is_contiguous()
+    x = torch.randn(3, 64)
+    assert torch.allclose(torch.nn.functional.linear(x, c), x @ w.t(), atol=1e-5)
