@@ -31,3 +31,16 @@ def hf_greedy(hf_model, enc, max_new_tokens: int, **kwargs) -> torch.Tensor:
     with torch.inference_mode():
         return hf_model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, top_k=None, top_p=None,
                                  temperature=None, **kwargs)
+
+
+# Tasks for choosing a speculative draft (notebook 05, ci/bench_speculative.py): how much of the
+# answer already sits in the prompt decides what a prompt-lookup draft can guess.
+SPECULATION_TASKS = {
+    "quote": ("Repeat the following paragraph exactly, word for word:\n\nThe Inferentia2 accelerator has two "
+              "NeuronCores per chip. Each core has its own high-bandwidth memory. Large models are split across "
+              "cores with tensor parallelism, and the key-value cache is allocated once for the maximum "
+              "sequence length."),
+    "edit": ("Rewrite this sentence with British spelling, changing nothing else: The color of the theater "
+             "curtains was gray, so the organizer apologized and analyzed the catalog again."),
+    "open": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+}

@@ -72,7 +72,12 @@ def accept_always_broken(draft, q, p, generator=None) -> tuple[int, int]:
 class PromptLookupDraft:
     """Drafts by finding the most recent earlier occurrence of the last ``ngram`` tokens and
     proposing the ``k`` tokens that followed it (falls back to shorter n-grams, then to repeating
-    the last token). Costs no model forward; its distribution is one-hot (q = None)."""
+    the last token). A match close to the end continues into its own proposal, so a repeating
+    pattern (a list, a loop) is extended by whole periods. Costs no model forward; its
+    distribution is one-hot (q = None). transformers' ``PromptLookupCandidateGenerator`` (behind
+    ``generate(prompt_lookup_num_tokens=...)``) does the same lookup for ``generate()``, but returns a
+    variable number of candidates from the earliest match; a fixed-shape verification graph
+    (Neuron's, and this engine's) takes exactly ``k``."""
 
     def __init__(self, ngram: int = 3):
         if ngram < 1:
@@ -88,9 +93,10 @@ class PromptLookupDraft:
             tail = s[-n:]
             for start in range(len(s) - n - 1, -1, -1):
                 if s[start:start + n] == tail:
-                    follow = s[start + n:start + n + k]
-                    follow += [follow[-1]] * (k - len(follow))
-                    return torch.tensor(follow), None
+                    ext = list(s)
+                    for j in range(k):  # reads past the end into the proposal itself: periods repeat
+                        ext.append(ext[start + n + j])
+                    return torch.tensor(ext[len(s):]), None
         return torch.full((k,), s[-1]), None
 
 
@@ -321,25 +327,46 @@ def step_cost(model, k: int, repeats: int = 5, prompt_len: int = 16) -> float:
     return statistics.median(times[1:])
 
 
-def sweep_k(build_target, draft_factory, ks, input_ids, sequence_length: int, eos_token_id=None) -> list[dict]:
+def sweep_k(build_target, draft_factory, ks, input_ids, sequence_length: int, eos_token_id=None,
+            repeats: int = 1) -> list[dict]:
     """Greedy speculation for each k against the plain decode of the same engine: tokens/s, the
-    acceptance rate, tokens per target call, and whether the output is token-identical."""
+    acceptance rate, tokens per target call, and whether the output is token-identical.
+
+    ``build_target(k)`` builds the target (k=0: plain); ``draft_factory()`` a fresh draft. After a
+    warm-up, plain and speculative runs alternate ``repeats`` times (load on a shared machine hits
+    both alike); the speeds are medians, ``speedup`` is the ratio of median times and
+    ``speedup_range`` the (min, max) of the per-repeat ratios."""
+    import statistics
+
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
     plain_model = build_target(0)
     plain_model.sample(input_ids, input_ids.shape[1] + 2, top_k=1)  # warm-up
-    t0 = time.perf_counter()
-    plain = plain_model.sample(input_ids, sequence_length, top_k=1, eos_token_override=eos_token_id)
-    plain_s = time.perf_counter() - t0
-    n_new = plain.shape[1] - input_ids.shape[1]
+
+    def run_plain():
+        t0 = time.perf_counter()
+        out = plain_model.sample(input_ids, sequence_length, top_k=1, eos_token_override=eos_token_id)
+        return out, time.perf_counter() - t0
+
     rows = []
     for k in ks:
         target = build_target(k)
         gen = SpeculativeGenerator(draft_factory(), target, k)
         gen.sample(input_ids, input_ids.shape[1] + 2)  # warm-up
-        t0 = time.perf_counter()
-        out = gen.sample(input_ids, sequence_length, eos_token_id=eos_token_id)
-        spec_s = time.perf_counter() - t0
-        rows.append({"k": k, "identical": bool(torch.equal(out, plain)), "acceptance_rate": gen.stats["acceptance_rate"],
-                     "tokens_per_round": gen.stats["tokens_per_round"], "spec_tokens_per_s": n_new / spec_s,
-                     "plain_tokens_per_s": n_new / plain_s, "speedup": plain_s / spec_s,
+        plain_s, spec_s = [], []
+        for _ in range(repeats):
+            plain, t = run_plain()
+            plain_s.append(t)
+            t0 = time.perf_counter()
+            out = gen.sample(input_ids, sequence_length, eos_token_id=eos_token_id)
+            spec_s.append(time.perf_counter() - t0)
+        n_new = plain.shape[1] - input_ids.shape[1]
+        ratios = [p / q for p, q in zip(plain_s, spec_s)]
+        rows.append({"k": k, "identical": bool(torch.equal(out, plain)), "new_tokens": n_new,
+                     "acceptance_rate": gen.stats["acceptance_rate"], "tokens_per_round": gen.stats["tokens_per_round"],
+                     "spec_tokens_per_s": n_new / statistics.median(spec_s),
+                     "plain_tokens_per_s": n_new / statistics.median(plain_s),
+                     "speedup": statistics.median(plain_s) / statistics.median(spec_s),
+                     "speedup_range": (min(ratios), max(ratios)), "repeats": repeats,
                      "verify_cost_ratio": step_cost(target, k + 1) / step_cost(target, 1)})
     return rows

@@ -61,6 +61,10 @@ def test_prompt_lookup_draft_continues_the_last_match():
     d = PromptLookupDraft(ngram=2)
     toks, q = d.propose(torch.tensor([5, 6, 7, 8, 9, 5, 6]), 3)
     assert toks.tolist() == [7, 8, 9] and q is None
+    # a match near the end continues its own period instead of repeating the last token
+    assert d.propose(torch.tensor([1, 2, 3, 4, 3, 4]), 5)[0].tolist() == [3, 4, 3, 4, 3]
+    assert d.propose(torch.tensor([9, 7, 7]), 3)[0].tolist() == [7, 7, 7]
+    assert d.propose(torch.tensor([1, 2, 3]), 2)[0].tolist() == [3, 3]  # no match: repeat the last token
 
 
 @pytest.fixture(scope="module")
