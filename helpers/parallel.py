@@ -608,6 +608,15 @@ class ParallelModel(NeuronModel):
         t0 = time.perf_counter()
         if self._ranks is not None:
             raise RuntimeError("to_neuron() was already called on this model")
+        kinds = gr.graph_kinds(self.context_buckets, self.token_buckets, self.speculation_length)
+        spec = {"model_path": str(self.model_path), "amp": self.amp, "batch_size": self.batch_size,
+                "n_positions": self.n_positions, "layout": self.layout, "neuron_config": self.neuron_config,
+                "device": self.device.type, "weights_meta": self._weights_meta() if self.presharded else None,
+                "graphs": {"kinds": kinds, "load_dir": self._artifacts_dir, "fields": self._graph_fields(),
+                           "mode": "export" if self.neuron_config.compiled is True else self.neuron_config.compiled}}
+        if self.presharded:  # every rank's file header, before any process starts (as load() checks graphs)
+            for r, meta in enumerate(spec["weights_meta"]):
+                gr.check_rank_weights(self.model_path, r, meta)
         if _torchrun_env():
             ctrl = _init_torchrun(self.device.type)
             if dist.get_world_size() != self.tp_degree or dist.get_rank() != 0:
@@ -619,16 +628,7 @@ class ParallelModel(NeuronModel):
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             threads = max(1, torch.get_num_threads() // self.tp_degree)  # the ranks share the driver's threads
             self._ranks = _SpawnedRanks(self.tp_degree, backend, threads)
-        kinds = gr.graph_kinds(self.context_buckets, self.token_buckets, self.speculation_length)
-        spec = {"model_path": str(self.model_path), "amp": self.amp, "batch_size": self.batch_size,
-                "n_positions": self.n_positions, "layout": self.layout, "neuron_config": self.neuron_config,
-                "device": self.device.type, "weights_meta": self._weights_meta() if self.presharded else None,
-                "graphs": {"kinds": kinds, "load_dir": self._artifacts_dir, "fields": self._graph_fields(),
-                           "mode": "export" if self.neuron_config.compiled is True else self.neuron_config.compiled}}
         try:
-            if self.presharded:  # every rank's file, before any process starts (as load() checks graphs)
-                for r, meta in enumerate(spec["weights_meta"]):
-                    gr.check_rank_weights(self.model_path, r, meta)
             self.rank_reports = self._ranks.call("build", spec)
         except BaseException:
             self.close()
