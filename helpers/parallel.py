@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import functools
 import os
 import pickle
 import socket
@@ -571,6 +570,19 @@ def serve_torchrun(device: str = "cpu"):
 
 
 # -- the driver --------------------------------------------------------------------------------
+class _RemoteStep:
+    """The driver's graph for one (kind, bucket): every rank runs its own graph of that (kind, bucket).
+    It holds the ranks, not the model, so dropping the model stops the rank processes."""
+
+    def __init__(self, ranks, kind: str, bucket: int, device):
+        self.ranks, self.kind, self.bucket, self.device = ranks, kind, bucket, device
+
+    def __call__(self, tokens, rope_pos, slots, kv_len, mask, logit_idx):
+        payload = (self.kind, self.bucket, tokens.cpu(), rope_pos.cpu(), slots.cpu(), kv_len, mask.cpu(),
+                   logit_idx.cpu())
+        return self.ranks.call("forward", payload)[0].to(self.device)
+
+
 class ParallelModel(NeuronModel):
     """``NeuronModel`` with ``tp_degree`` ranks in their own processes (transformers-neuronx's ``tp_degree``).
 
@@ -580,7 +592,7 @@ class ParallelModel(NeuronModel):
     tp ranks use the cores one process would. Call ``close()`` (or use ``with``) to stop the ranks early.
 
     ``NeuronConfig(compiled="export"|"aoti")``: every rank builds its graphs (``build_report``: one row per
-    graph, ``seconds`` the slowest rank's, ``rank_seconds`` each rank's). ``save(dir)`` / ``load(dir)``
+    graph, ``rank_seconds`` each rank's build seconds, ``seconds`` their mean). ``save(dir)`` / ``load(dir)``
     (before ``to_neuron``) and ``compile(path)`` / ``from_compiled(path)`` work as ``NeuronModel``'s, each
     rank writing and reading ``graphs-rank{r}.json``, its graphs and ``weights/tp{r}_sharded_checkpoint.safetensors``.
     Scripts that build one must guard their entry point (``if __name__ == "__main__":``), as multiprocessing
@@ -643,16 +655,14 @@ class ParallelModel(NeuronModel):
 
     def _build_graphs(self, kinds):
         """One driver-side callable per (kind, bucket) that runs the ranks' graph of that (kind, bucket);
-        ``build_report`` from the ranks' reports (they build at the same time: the slowest rank's seconds)."""
-        self.graphs = {(k, b): functools.partial(self._remote_step, k, b) for k, bs, _ in kinds for b in bs}
+        ``build_report`` from the ranks' reports: ``rank_seconds`` each rank's, ``seconds`` their mean (the
+        ranks build at the same time, so the rows add up to at most the wall time of the build)."""
+        self.graphs = {(k, b): _RemoteStep(self._ranks, k, b, self.device) for k, bs, _ in kinds for b in bs}
         per_rank = [{row["graph"]: row for row in r["build_report"]} for r in self.rank_reports]
-        self.build_report = [{**row, "seconds": max(rows[row["graph"]]["seconds"] for rows in per_rank),
-                              "rank_seconds": [rows[row["graph"]]["seconds"] for rows in per_rank]}
-                             for row in self.rank_reports[0]["build_report"]]
-
-    def _remote_step(self, kind, bucket, tokens, rope_pos, slots, kv_len, mask, logit_idx):
-        payload = (kind, bucket, tokens.cpu(), rope_pos.cpu(), slots.cpu(), kv_len, mask.cpu(), logit_idx.cpu())
-        return self._ranks.call("forward", payload)[0].to(self.device)
+        self.build_report = []
+        for row in self.rank_reports[0]["build_report"]:
+            secs = [rows[row["graph"]]["seconds"] for rows in per_rank]
+            self.build_report.append({**row, "seconds": sum(secs) / len(secs), "rank_seconds": secs})
 
     # -- serialization: NeuronModel's calls, every rank writing / reading its own files ----------------
     def save(self, directory, sharded_weights: bool = False, mark_presharded: bool = True) -> dict:
