@@ -242,3 +242,11 @@ def test_aoti_round_trip_at_tp2(tiny, eager, tmp_path):
         assert all(r["artifact"] == "aoti" and r["loaded"] for r in m2.build_report)
         out2, logits2 = _sample(m2)
     assert torch.equal(out2, out) and torch.equal(logits2, logits)
+
+
+def test_dropping_the_model_stops_its_ranks(tiny):
+    """The driver's graphs hold the ranks, not the model: ``del model`` (as the notebooks do) ends the processes."""
+    m = _model(tiny).to_neuron()
+    procs = list(m._ranks.procs)
+    del m
+    assert all(not p.is_alive() for p in procs)
