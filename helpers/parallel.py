@@ -11,8 +11,8 @@ CPU, nccl on CUDA with one GPU per rank).
 ``stats``, ``save``/``load``, ``compile``/``from_compiled``); the driver (your process) runs the sampling
 loop and sends each fixed-shape step to the ranks. With ``NeuronConfig(compiled="export"|"aoti")`` each
 rank builds its own graphs per bucket (``helpers/graphs.py``: attention and MLP units cut at the
-all-reduces, so a graph holds no collective) and saves / loads them under its rank's file names. Ranks are started with ``torch.multiprocessing`` (spawn), or are the processes of a ``torchrun``
-job::
+all-reduces, so a graph holds no collective) and saves / loads them under its rank's file names.
+Ranks are started with ``torch.multiprocessing`` (spawn), or are the processes of a ``torchrun`` job::
 
     python -m helpers.parallel --tp-degree 2 --max-new-tokens 16 --check
     torchrun --nproc-per-node 2 -m helpers.parallel --max-new-tokens 16 --check
