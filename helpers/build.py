@@ -10,18 +10,24 @@ from .backend import Backend
 from .engine import NeuronModel
 
 
+def reference_class(tp_degree: int = 1) -> type[NeuronModel]:
+    """The reference engine for a tensor-parallel degree: ``NeuronModel`` (one process) at 1,
+    ``helpers.parallel.ParallelModel`` (one process per rank; same API, save/load included) above."""
+    if int(tp_degree) > 1:
+        from .parallel import ParallelModel
+
+        return ParallelModel
+    return NeuronModel
+
+
 def build_model(bk: Backend, model_path=None, **settings):
     """Build and compile (``to_neuron()``) a model; returns an object with ``sample()``."""
     if bk.is_neuron:
         from .neuron import build_neuron_model  # imports the Neuron SDK; only on inf2/trn1
 
         return build_neuron_model(bk.stack, model_path, **settings)
-    tp = int(settings.get("tp_degree", 1))
-    if tp > 1:
-        from .parallel import ParallelModel
-
-        return ParallelModel.from_pretrained(model_path, device=bk.device, **settings).to_neuron()
-    return NeuronModel.from_pretrained(model_path, device=bk.device, **settings).to_neuron()
+    cls = reference_class(settings.get("tp_degree", 1))
+    return cls.from_pretrained(model_path, device=bk.device, **settings).to_neuron()
 
 
 def load_model(bk: Backend, model_path, directory, **settings):
@@ -31,7 +37,5 @@ def load_model(bk: Backend, model_path, directory, **settings):
     if bk.is_neuron:
         raise ValueError("On Neuron, load with the library itself (model.load(dir) before to_neuron()); see the "
                          "notebook's Neuron cells")
-    cls = NeuronModel
-    if int(settings.get("tp_degree", 1)) > 1:
-        from .parallel import ParallelModel as cls
+    cls = reference_class(settings.get("tp_degree", 1))
     return cls.from_pretrained(model_path, device=bk.device, **settings).load(directory).to_neuron()

@@ -436,8 +436,9 @@ def save_rank_weights(directory, w: RankWeights, meta: dict, rank: int) -> Path:
     return path
 
 
-def load_rank_weights(directory, rank: int, meta: dict) -> RankWeights:
-    """One rank's weights exactly as saved (no fusing, casting or sharding); refuses another layout."""
+def check_rank_weights(directory, rank: int, meta: dict) -> dict:
+    """The metadata of a rank's presharded weights (the file header only), after checking they were
+    written for ``meta`` (tp degree, rank, dtype, GQA layout); refuses another layout, naming it."""
     from safetensors import safe_open
 
     path = weights_file(directory, rank)
@@ -446,10 +447,19 @@ def load_rank_weights(directory, rank: int, meta: dict) -> RankWeights:
                                 "(saved with another tp_degree, or without sharded_weights=True).")
     with safe_open(str(path), framework="pt") as f:
         info = json.loads((f.metadata() or {}).get("presharded", "{}"))
-        diffs = describe_differences({k: info.get(k) for k in meta}, meta)
-        if diffs:
-            raise ArtifactMismatchError(f"The presharded weights in {directory} were written for another "
-                                        "layout: " + "; ".join(diffs) + ". Load the original checkpoint instead.")
+    diffs = describe_differences({k: info.get(k) for k in meta}, meta)
+    if diffs:
+        raise ArtifactMismatchError(f"The presharded weights in {directory} were written for another "
+                                    "layout: " + "; ".join(diffs) + ". Load the original checkpoint instead.")
+    return info
+
+
+def load_rank_weights(directory, rank: int, meta: dict) -> RankWeights:
+    """One rank's weights exactly as saved (no fusing, casting or sharding); refuses another layout."""
+    from safetensors import safe_open
+
+    info = check_rank_weights(directory, rank, meta)
+    with safe_open(str(weights_file(directory, rank)), framework="pt") as f:
         named = {k: f.get_tensor(k) for k in f.keys()}
     named.update({a: named[n] for a, n in info["aliases"].items()})
     field_names = [lf.name for lf in dataclasses.fields(LayerWeights)]

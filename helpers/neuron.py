@@ -181,7 +181,8 @@ def neuron_settings(stack: str, *, batch_size: int = 1, n_positions=2048, tp_deg
                          "Inference adapter re-pads them to the right itself)")
     notes: list[str] = []
     if getattr(nc, "compiled", False):
-        notes.append("neuron_config.compiled is a reference-engine option (torch.compile); Neuron always compiles")
+        notes.append("neuron_config.compiled is a reference-engine option (torch.export / AOTInductor graphs); "
+                     "Neuron always compiles")
 
     if stack == "tnx":
         if nxdi_overrides:

@@ -8,9 +8,11 @@ holds only its shard and its own KV cache; collectives go through ``torch.distri
 CPU, nccl on CUDA with one GPU per rank).
 
 ``ParallelModel`` has ``NeuronModel``'s API (``from_pretrained``, ``to_neuron``, ``sample``, ``forward``,
-``stats``); the driver (your process) runs the sampling loop and sends each fixed-shape step to the
-ranks. Ranks are started with ``torch.multiprocessing`` (spawn), or are the processes of a ``torchrun``
-job::
+``stats``, ``save``/``load``, ``compile``/``from_compiled``); the driver (your process) runs the sampling
+loop and sends each fixed-shape step to the ranks. With ``NeuronConfig(compiled="export"|"aoti")`` each
+rank builds its own graphs per bucket (``helpers/graphs.py``: attention and MLP units cut at the
+all-reduces, so a graph holds no collective) and saves / loads them under its rank's file names.
+Ranks are started with ``torch.multiprocessing`` (spawn), or are the processes of a ``torchrun`` job::
 
     python -m helpers.parallel --tp-degree 2 --max-new-tokens 16 --check
     torchrun --nproc-per-node 2 -m helpers.parallel --max-new-tokens 16 --check
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
+import dataclasses
 import os
 import pickle
 import socket
@@ -30,17 +32,20 @@ import types
 import weakref
 from collections.abc import Mapping
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from . import graphs as gr
 from .config import ModelArgs, amp_dtype
 from .engine import Comm, LayerWeights, NeuronModel, RankWeights, Transformer
 from .gqa import HeadLayout, resolve_layout, round_up
 from .model_store import load_config, load_state_dict, resolve_model_path
 
 COLLECTIVE_TIMEOUT_S = 600  # a rank stuck in a collective longer than this fails instead of hanging
-GATHERED_OPS = {"build", "bench_all_reduce"}  # commands whose every rank's result the driver needs
+GATHERED_OPS = {"build", "bench_all_reduce", "save"}  # commands whose every rank's result the driver needs
+NONFATAL_OPS = {"save"}  # commands with no collective: a rank's error leaves every rank usable
 
 
 # -- weights -----------------------------------------------------------------------------------
@@ -213,9 +218,14 @@ class ParallelTransformer(Transformer):
 
 # -- one rank ----------------------------------------------------------------------------------
 def _to_device(w: RankWeights, device) -> RankWeights:
-    if device.type == "cpu":
-        return w
-    mv = lambda t: None if t is None else t.to(device)  # noqa: E731
+    """Every tensor on the device. On CPU, copies of the tensors safetensors left at unaligned offsets
+    (as ``NeuronModel._move``): BLAS kernels round differently on unaligned data, and a rank must compute
+    bit for bit the same whether its weights came from the checkpoint or from presharded files."""
+    def mv(t):
+        if t is None or device.type != "cpu":
+            return None if t is None else t.to(device)
+        return t if t.data_ptr() % 64 == 0 else t.clone()
+
     tied = w.lm_head is w.embed
     w.embed, w.norm, w.lm_head, w.kv_group = mv(w.embed), mv(w.norm), mv(w.lm_head), mv(w.kv_group)
     if tied:
@@ -223,15 +233,51 @@ def _to_device(w: RankWeights, device) -> RankWeights:
     for L in w.layers:
         for n in ("wqkv", "wo", "w13", "w2", "ln1", "ln2", "bqkv", "bo"):
             setattr(L, n, mv(getattr(L, n)))
+    w.extra = {k: mv(v) if torch.is_tensor(v) else v for k, v in w.extra.items()}
     return w
 
 
+def _storable(w: RankWeights) -> RankWeights:
+    """The same tensors with the extras safetensors can hold: the layout and rank are settings (checked
+    through the weights' metadata), the fused QKV column split a small tensor."""
+    extra = {k: v for k, v in w.extra.items() if torch.is_tensor(v)}
+    extra["qkv_cols"] = torch.tensor(w.extra["qkv_cols"])
+    return dataclasses.replace(w, extra=extra)
+
+
+def _restored(w: RankWeights, layout: HeadLayout, rank: int) -> RankWeights:
+    """Presharded weights (``_storable``) back into what ``ParallelTransformer`` expects."""
+    w.extra["qkv_cols"] = tuple(int(c) for c in w.extra["qkv_cols"].tolist())
+    w.extra.update(layout=layout, rank=rank)
+    return w
+
+
+def _layout_meta(layout: HeadLayout, rank: int) -> dict:
+    """What a rank's shard depends on beyond ``serialization.weights_meta``: its heads and KV mode."""
+    return {"kv_mode": layout.kv_mode, "q_heads": list(layout.q_heads[rank]), "kv_heads": list(layout.kv_heads[rank])}
+
+
+def check_graphable(layout: HeadLayout, compiled, what: str) -> None:
+    """Compiled graphs are the attention and MLP units between the all-reduces (helpers/graphs.py); a layout
+    whose attention itself exchanges data between ranks would need a collective inside a graph."""
+    if layout.kv_mode == "heads":
+        return
+    inside = ("all-gathers each rank's KV head from the K/V column slices of its group" if layout.kv_mode == "gather"
+              else "exchanges batch rows and heads with all-to-all")
+    raise ValueError(f"{what}: {layout.name} at tp_degree={layout.tp} {inside} inside attention, so its "
+                     "attention unit cannot be a compiled graph without a collective (the reference engine's "
+                     "graphs, like Neuron's, are cut at the all-reduces). Use compiled=False (eager), or another "
+                     "group_query_attention (shard-over-heads or replicated-heads; NxDI: replicate-to-tp-degree "
+                     f"or convert-to-mha). Requested: compiled={compiled!r}.")
+
+
 class _RankServer:
-    """Builds one rank's shard and runs its fixed-shape steps."""
+    """Builds one rank's shard and its graphs (built, loaded or eager), runs its fixed-shape steps, saves."""
 
     def __init__(self, rank: int, tp: int):
         self.rank, self.tp = rank, tp
         self.model = None
+        self.graphs, self.build_report, self._workdir = {}, [], None
 
     def handle(self, op: str, payload):
         return getattr(self, op)(payload)
@@ -244,7 +290,12 @@ class _RankServer:
             torch.cuda.set_device(device)
         args = ModelArgs.from_hf(load_config(spec["model_path"]))
         dtype = amp_dtype(spec["amp"])
-        w = _to_device(shard_state_tp(LazyState(spec["model_path"]), args, dtype, self.rank, self.tp, layout), device)
+        if spec.get("weights_meta"):  # presharded: this rank's file as saved, no fusing / casting / sharding
+            w = _restored(gr.load_rank_weights(spec["model_path"], self.rank, spec["weights_meta"][self.rank]),
+                          layout, self.rank)
+        else:
+            w = shard_state_tp(LazyState(spec["model_path"]), args, dtype, self.rank, self.tp, layout)
+        w = _to_device(w, device)
         kv_group = None
         if layout.kv_mode == "gather":  # every rank creates every group, in the same order
             gs = layout.group_size
@@ -258,15 +309,40 @@ class _RankServer:
         if quant is not None:
             from .quant import quantize_model
             quantize_model(self.model, quant)
-        self.fwd = self.model.forward
-        if spec["neuron_config"].compiled:
-            self.fwd = torch.compile(self.model.forward, dynamic=False, fullgraph=False)
+        weights_s = time.perf_counter() - t0
+        self._graphs(spec["graphs"], spec["batch_size"])
         parts = weight_breakdown(w)
         return {"rank": self.rank, "weight_bytes": sum(parts.values()), "weights": parts,
                 "kv_bytes": self.model.kv_cache_bytes(), "kv_cache_shape": list(self.model.k_cache.shape),
                 "q_heads": list(layout.q_heads[self.rank]), "kv_heads": list(layout.kv_heads[self.rank]),
                 "kv_mode": layout.kv_mode, "threads": torch.get_num_threads(), "build_s": time.perf_counter() - t0,
-                "device": str(device)}
+                "weights_s": weights_s, "build_report": self.build_report, "device": str(device)}
+
+    def _graphs(self, g: dict, batch: int) -> None:
+        """This rank's graph per (kind, bucket), exactly as ``NeuronModel._build_graphs``: loaded from
+        ``load_dir`` (fingerprints with this rank), built ("export" / "aoti"), or the eager forward."""
+        fields = {**g["fields"], "rank": self.rank}
+        if g["load_dir"] is not None:
+            self.graphs, self.build_report = gr.load_graphs(g["load_dir"], self.model, fields, self.rank, batch)
+        elif g["mode"] in gr.ARTIFACTS:
+            if g["mode"] == "aoti":
+                import tempfile
+                self._workdir = tempfile.TemporaryDirectory(prefix=f"aoti-rank{self.rank}-")
+            self.graphs, self.build_report = gr.build_all(self.model, g["kinds"], batch, g["mode"],
+                                                          self._workdir and self._workdir.name)
+        else:
+            self.graphs = {(k, b): self.model.forward for k, bs, _ in g["kinds"] for b in bs}
+            self.build_report = [{"graph": f"{k}{b}.step", "kind": k, "bucket": b, "artifact": "eager",
+                                  "seconds": 0.0} for k, b in self.graphs]
+
+    def save(self, p: dict) -> dict:
+        """This rank's graphs and manifest (+ presharded weights) under its rank's file names."""
+        from .serialization import save_rank
+
+        meta = p["weights_meta"][self.rank] if p["sharded_weights"] else None
+        saved = save_rank(p["directory"], self.graphs, {**p["fields"], "rank": self.rank}, self.build_report,
+                          _storable(self.model.w) if p["sharded_weights"] else None, meta)
+        return {"rank": self.rank, **saved}
 
     def bench_all_reduce(self, payload):
         """Seconds per all-reduce of a [batch, 1, hidden] activation (the decode step's collective)."""
@@ -281,12 +357,30 @@ class _RankServer:
         return (time.perf_counter() - t0) / n
 
     def forward(self, payload):
-        tokens, rope_pos, slots, kv_len, mask, idx = payload
+        kind, bucket, tokens, rope_pos, slots, kv_len, mask, idx = payload
         dev = self.model.device
-        logits = self.fwd(tokens.to(dev), rope_pos.to(dev), slots.to(dev), kv_len, mask.to(dev), idx.to(dev))
+        logits = self.graphs[(kind, bucket)](tokens.to(dev), rope_pos.to(dev), slots.to(dev), kv_len, mask.to(dev),
+                                             idx.to(dev))
         if dev.type == "cuda":
             torch.cuda.synchronize()
         return logits.cpu() if self.rank == 0 else None
+
+
+# exception types a rank's error keeps in the driver (the engine's clear errors); others become RuntimeError
+RERAISED = {c.__name__: c for c in (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
+                                    gr.ArtifactMismatchError, gr.CorruptArtifactError)}
+
+
+def _error_info(exc: BaseException) -> dict:
+    return {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
+
+
+def _rank_error(rank: int, info: dict) -> Exception:
+    """The driver's exception for a rank's error: its message first (the same type when it is one of
+    ``RERAISED``), then the rank's traceback."""
+    cls = RERAISED.get(info["type"], RuntimeError)
+    return cls(f"tensor-parallel rank {rank} failed: {info['message']}\n--- {info['type']} on rank {rank} ---\n"
+               f"{info['traceback']}")
 
 
 def _send(conn, obj):
@@ -311,8 +405,8 @@ def _worker_main(rank: int, tp: int, port: int, backend: str, threads: int, conn
                 break
             try:
                 _send(conn, ("ok", server.handle(op, payload)))
-            except Exception:  # reported to the driver, which stops every rank
-                _send(conn, ("error", traceback.format_exc()))
+            except Exception as exc:  # reported to the driver (which stops every rank unless op is NONFATAL)
+                _send(conn, ("error", _error_info(exc)))
     except (EOFError, KeyboardInterrupt):  # the driver went away
         pass
     finally:
@@ -384,28 +478,35 @@ class _SpawnedRanks:
         self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns)
         self._collect()
 
-    def _collect(self) -> list:
-        results, pending = [None] * len(self.conns), set(range(len(self.conns)))
+    def _collect(self, fatal: bool = True) -> list:
+        """Every rank's answer. A rank's error is raised in the driver with the rank's message; when
+        ``fatal`` (the other ranks may wait in a collective) every rank is stopped first, else the error is
+        raised once every rank has answered and the ranks stay usable."""
+        results, pending, errors = [None] * len(self.conns), set(range(len(self.conns))), []
         while pending:
             for r in sorted(pending):
                 if self.conns[r].poll(0.05):
                     status, value = _recv(self.conns[r])
-                    if status == "error":
-                        self.close()
-                        raise RuntimeError(f"tensor-parallel rank {r} failed:\n{value}")
-                    results[r] = value
                     pending.discard(r)
+                    if status == "error":
+                        if fatal:
+                            self.close()
+                            raise _rank_error(r, value)
+                        errors.append((r, value))
+                    results[r] = value
                 elif not self.procs[r].is_alive():
                     code = self.procs[r].exitcode
                     self.close()
                     raise RuntimeError(f"tensor-parallel rank {r} exited with code {code} (its stderr has the "
                                        "reason; out of memory kills show as -9)")
+        if errors:
+            raise _rank_error(*errors[0])
         return results
 
     def call(self, op: str, payload) -> list:
         for c in self.conns:
             _send(c, (op, payload))
-        return self._collect()
+        return self._collect(fatal=op not in NONFATAL_OPS)
 
     def close(self):
         self._finalizer()
@@ -419,15 +520,25 @@ class _TorchrunRanks:
 
     def call(self, op: str, payload) -> list:
         dist.broadcast_object_list([op, payload], src=0, group=self.ctrl)
-        result = self.server.handle(op, payload)
-        if op in GATHERED_OPS:
-            out = [None] * self.server.tp
-            dist.gather_object(result, out, dst=0, group=self.ctrl)
-            return out
-        return [result] + [None] * (self.server.tp - 1)
+        if op not in GATHERED_OPS:
+            return [self.server.handle(op, payload)] + [None] * (self.server.tp - 1)
+        out = [None] * self.server.tp
+        dist.gather_object(_answer(self.server, op, payload), out, dst=0, group=self.ctrl)
+        for r, (status, value) in enumerate(out):
+            if status == "error":
+                raise _rank_error(r, value)
+        return [value for _, value in out]
 
     def close(self):
         dist.broadcast_object_list(["stop", None], src=0, group=self.ctrl)
+
+
+def _answer(server: _RankServer, op: str, payload) -> tuple:
+    """("ok", result) or ("error", info): every rank reaches the gather even when one fails."""
+    try:
+        return "ok", server.handle(op, payload)
+    except Exception as exc:
+        return "error", _error_info(exc)
 
 
 def _torchrun_env() -> bool:
@@ -451,13 +562,27 @@ def serve_torchrun(device: str = "cpu"):
         op, payload = msg
         if op == "stop":
             break
-        result = server.handle(op, payload)
         if op in GATHERED_OPS:
-            dist.gather_object(result, None, dst=0, group=ctrl)
+            dist.gather_object(_answer(server, op, payload), None, dst=0, group=ctrl)
+        else:
+            server.handle(op, payload)
     dist.destroy_process_group()
 
 
 # -- the driver --------------------------------------------------------------------------------
+class _RemoteStep:
+    """The driver's graph for one (kind, bucket): every rank runs its own graph of that (kind, bucket).
+    It holds the ranks, not the model, so dropping the model stops the rank processes."""
+
+    def __init__(self, ranks, kind: str, bucket: int, device):
+        self.ranks, self.kind, self.bucket, self.device = ranks, kind, bucket, device
+
+    def __call__(self, tokens, rope_pos, slots, kv_len, mask, logit_idx):
+        payload = (self.kind, self.bucket, tokens.cpu(), rope_pos.cpu(), slots.cpu(), kv_len, mask.cpu(),
+                   logit_idx.cpu())
+        return self.ranks.call("forward", payload)[0].to(self.device)
+
+
 class ParallelModel(NeuronModel):
     """``NeuronModel`` with ``tp_degree`` ranks in their own processes (transformers-neuronx's ``tp_degree``).
 
@@ -465,6 +590,11 @@ class ParallelModel(NeuronModel):
     bytes, the cache shape. ``weight_bytes`` / ``kv_cache_bytes`` are the largest rank's (what one
     NeuronCore must hold). Each rank gets ``torch.get_num_threads() // tp_degree`` threads (at least 1), so
     tp ranks use the cores one process would. Call ``close()`` (or use ``with``) to stop the ranks early.
+
+    ``NeuronConfig(compiled="export"|"aoti")``: every rank builds its graphs (``build_report``: one row per
+    graph, ``rank_seconds`` each rank's build seconds, ``seconds`` their mean). ``save(dir)`` / ``load(dir)``
+    (before ``to_neuron``) and ``compile(path)`` / ``from_compiled(path)`` work as ``NeuronModel``'s, each
+    rank writing and reading ``graphs-rank{r}.json``, its graphs and ``weights/tp{r}_sharded_checkpoint.safetensors``.
     Scripts that build one must guard their entry point (``if __name__ == "__main__":``), as multiprocessing
     requires; notebooks need nothing.
     """
@@ -483,11 +613,22 @@ class ParallelModel(NeuronModel):
         # the library's fallbacks (with its warnings) and its build errors, before anything is built
         self.layout = resolve_layout(self.args.n_heads, self.args.n_kv_heads, self.args.head_dim, self.tp_degree,
                                      self.batch_size, self.neuron_config.group_query_attention)
+        if self.neuron_config.compiled:
+            check_graphable(self.layout, self.neuron_config.compiled, "NeuronConfig(compiled=...)")
 
     def to_neuron(self) -> "ParallelModel":
         t0 = time.perf_counter()
         if self._ranks is not None:
             raise RuntimeError("to_neuron() was already called on this model")
+        kinds = gr.graph_kinds(self.context_buckets, self.token_buckets, self.speculation_length)
+        spec = {"model_path": str(self.model_path), "amp": self.amp, "batch_size": self.batch_size,
+                "n_positions": self.n_positions, "layout": self.layout, "neuron_config": self.neuron_config,
+                "device": self.device.type, "weights_meta": self._weights_meta() if self.presharded else None,
+                "graphs": {"kinds": kinds, "load_dir": self._artifacts_dir, "fields": self._graph_fields(),
+                           "mode": "export" if self.neuron_config.compiled is True else self.neuron_config.compiled}}
+        if self.presharded:  # every rank's file header, before any process starts (as load() checks graphs)
+            for r, meta in enumerate(spec["weights_meta"]):
+                gr.check_rank_weights(self.model_path, r, meta)
         if _torchrun_env():
             ctrl = _init_torchrun(self.device.type)
             if dist.get_world_size() != self.tp_degree or dist.get_rank() != 0:
@@ -499,31 +640,74 @@ class ParallelModel(NeuronModel):
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             threads = max(1, torch.get_num_threads() // self.tp_degree)  # the ranks share the driver's threads
             self._ranks = _SpawnedRanks(self.tp_degree, backend, threads)
-        spec = {"model_path": str(self.model_path), "amp": self.amp, "batch_size": self.batch_size,
-                "n_positions": self.n_positions, "layout": self.layout, "neuron_config": self.neuron_config,
-                "device": self.device.type}
         try:
             self.rank_reports = self._ranks.call("build", spec)
         except BaseException:
             self.close()
             raise
         self.load_s = time.perf_counter() - t0
-        self._build_graphs()
+        self._build_graphs(kinds)
         return self
 
-    def _build_graphs(self):
-        self.graphs, self.build_report = {}, []
-        kinds = [("context", self.context_buckets), ("token", self.token_buckets)]
-        if self.speculation_length:  # enable_speculative_decoder(k) was called: a k+1-token scoring graph
-            kinds.append(("speculative", self.token_buckets))
-        for kind, sizes in kinds:
-            for b in sizes:
-                self.graphs[(kind, b)] = functools.partial(self._remote_step, kind, b)
-                self.build_report.append({"graph": f"{kind}[{b}]", "seconds": 0.0})
+    def _weights_meta(self) -> list[dict]:
+        from .serialization import weights_meta
+        return [{**weights_meta(self, r), **_layout_meta(self.layout, r)} for r in range(self.tp_degree)]
 
-    def _remote_step(self, kind, bucket, tokens, rope_pos, slots, kv_len, mask, logit_idx):
-        payload = (tokens.cpu(), rope_pos.cpu(), slots.cpu(), kv_len, mask.cpu(), logit_idx.cpu())
-        return self._ranks.call("forward", payload)[0].to(self.device)
+    def _build_graphs(self, kinds):
+        """One driver-side callable per (kind, bucket) that runs the ranks' graph of that (kind, bucket);
+        ``build_report`` from the ranks' reports: ``rank_seconds`` each rank's, ``seconds`` their mean (the
+        ranks build at the same time, so the rows add up to at most the wall time of the build)."""
+        self.graphs = {(k, b): _RemoteStep(self._ranks, k, b, self.device) for k, bs, _ in kinds for b in bs}
+        per_rank = [{row["graph"]: row for row in r["build_report"]} for r in self.rank_reports]
+        self.build_report = []
+        for row in self.rank_reports[0]["build_report"]:
+            secs = [rows[row["graph"]]["seconds"] for rows in per_rank]
+            self.build_report.append({**row, "seconds": sum(secs) / len(secs), "rank_seconds": secs})
+
+    # -- serialization: NeuronModel's calls, every rank writing / reading its own files ----------------
+    def save(self, directory, sharded_weights: bool = False, mark_presharded: bool = True) -> dict:
+        """transformers-neuronx ``save(dir, sharded_weights=False)``: every rank writes its graphs and
+        ``graphs-rank{r}.json`` (+ ``weights/tp{r}_sharded_checkpoint.safetensors``); the driver writes the
+        settings. Returns {"directory", "graphs" (all ranks), "bytes" (all ranks), "rank_bytes"}."""
+        from .serialization import check_save, write_settings
+
+        check_save(self, sharded_weights, mark_presharded)
+        ranks = self._require_built()
+        if Path(directory).is_file():  # as transformers-neuronx base.py _save_compiled_artifacts
+            raise FileExistsError(f"Artifacts should be saved to a directory. Found existing file: {directory}")
+        payload = {"directory": str(directory), "fields": self._graph_fields(), "sharded_weights": sharded_weights,
+                   "weights_meta": self._weights_meta() if sharded_weights else None}
+        saved = ranks.call("save", payload)
+        write_settings(self, directory, sharded_weights, mark_presharded)
+        return {"directory": str(Path(directory)), "graphs": sum(r["graphs"] for r in saved),
+                "bytes": sum(r["bytes"] for r in saved), "rank_bytes": [r["bytes"] for r in saved]}
+
+    def load(self, directory) -> "ParallelModel":
+        """transformers-neuronx ``load(dir)`` before ``to_neuron()``, which then loads every rank's graphs
+        instead of compiling. Refuses now, before any process starts, a directory saved for another model,
+        bucket set, batch, tp degree, dtype or torch version, or with a changed file (rank 0 first, so a
+        directory of another tp degree names ``tp_degree``)."""
+        from .serialization import graph_fields
+
+        if self._ranks is not None:
+            raise RuntimeError("load() must come before to_neuron() (as in transformers-neuronx): construct the "
+                               "model again, call load(dir), then to_neuron()")
+        check_graphable(self.layout, self.neuron_config.compiled, "load()")
+        fields = graph_fields(self)
+        for r in range(self.tp_degree):
+            gr.read_manifest(directory, {**fields, "rank": r}, r)
+        self._artifacts_dir = str(directory)
+        return self
+
+    def compile(self, compiled_model_path, save_sharded_checkpoint: bool = False) -> dict:
+        """NxD Inference ``compile(path)``: build every rank's graphs (if not yet) and write them with the
+        settings (+ ``weights/tp{rank}_sharded_checkpoint.safetensors`` with ``save_sharded_checkpoint``)."""
+        from .serialization import check_compile
+
+        check_compile(self)
+        if self._ranks is None:
+            self.to_neuron()
+        return self.save(compiled_model_path, save_sharded_checkpoint, mark_presharded=False)
 
     def enable_speculative_decoder(self, speculation_length: int) -> None:
         if self._ranks is not None:

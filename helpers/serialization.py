@@ -53,29 +53,51 @@ def weights_meta(model, rank: int) -> dict:
             "group_query_attention": None if gqa is None else gqa.value}
 
 
-def save(model, directory, sharded_weights: bool = False, mark_presharded: bool = True) -> dict:
-    """Write this rank's graphs (+ its presharded weights); returns {"directory", "graphs", "bytes"}."""
+def check_save(model, sharded_weights: bool, mark_presharded: bool = True) -> None:
+    """The refusals of ``save`` that need no built graph (transformers-neuronx's rules)."""
     if sharded_weights and mark_presharded and not model.neuron_config.on_device_embedding:  # tnx base.py save()
         raise ValueError("on_device_embedding must be True to save and load presharded weights: build with "
                          "NeuronConfig(on_device_embedding=True)")
-    tr = model._require_built()
     if sharded_weights and model.neuron_config.quant is not None:
         raise ValueError("sharded_weights=True stores the unquantized shard; save without it when quant is set")
-    rank, d = tr.comm.rank, Path(directory)
-    manifest = gr.save_graphs(d, model.graphs, graph_fields(model), rank, model.build_report)
+
+
+def save_rank(directory, graphs: dict, fingerprint_fields: dict, report: list[dict], w=None,
+              meta: dict | None = None) -> dict:
+    """One rank's part of ``save``: its graphs and manifest (+ its presharded weights ``w``, when given).
+    Runs where the rank's graphs live: in this process, or in a ``helpers.parallel`` rank process."""
+    d, rank = Path(directory), fingerprint_fields["rank"]
+    manifest = gr.save_graphs(d, graphs, fingerprint_fields, rank, report)
     files = [d / e["file"] for e in manifest["graphs"]]
-    if rank == 0:
-        nc = {f.name: getattr(model.neuron_config, f.name) for f in fields(model.neuron_config)}
-        nc["quant"] = repr(nc["quant"])
-        nc["group_query_attention"] = None if nc["group_query_attention"] is None else nc["group_query_attention"].value
-        settings = {**model.settings, "model_path": str(model.model_path), "neuron_config": nc}
-        (d / "neuron_config.json").write_text(json.dumps(settings, indent=1, default=str))
+    if w is not None:
+        files.append(gr.save_rank_weights(d, w, meta, rank))
+    return {"graphs": len(manifest["graphs"]), "bytes": sum(f.stat().st_size for f in files)}
+
+
+def write_settings(model, directory, sharded_weights: bool, mark_presharded: bool = True) -> None:
+    """``neuron_config.json`` (the settings, for ``from_compiled``) and, with presharded weights, the
+    ``config.json`` that makes the directory a checkpoint; written once, by the driver (rank 0)."""
+    d = Path(directory)
+    nc = {f.name: getattr(model.neuron_config, f.name) for f in fields(model.neuron_config)}
+    nc["quant"] = repr(nc["quant"])
+    nc["group_query_attention"] = None if nc["group_query_attention"] is None else nc["group_query_attention"].value
+    settings = {**model.settings, "model_path": str(model.model_path), "neuron_config": nc}
+    (d / "neuron_config.json").write_text(json.dumps(settings, indent=1, default=str))
     if sharded_weights:
-        files.append(gr.save_rank_weights(d, tr.w, weights_meta(model, rank), rank))
-        if rank == 0:
-            hf = {**model.args.hf_config, "is_presharded_checkpoint": mark_presharded}
-            (d / "config.json").write_text(json.dumps(hf, indent=1))
-    return {"directory": str(d), "graphs": len(manifest["graphs"]), "bytes": sum(f.stat().st_size for f in files)}
+        hf = {**model.args.hf_config, "is_presharded_checkpoint": mark_presharded}
+        (d / "config.json").write_text(json.dumps(hf, indent=1))
+
+
+def save(model, directory, sharded_weights: bool = False, mark_presharded: bool = True) -> dict:
+    """Write this rank's graphs (+ its presharded weights); returns {"directory", "graphs", "bytes"}."""
+    check_save(model, sharded_weights, mark_presharded)
+    tr = model._require_built()
+    rank = tr.comm.rank
+    saved = save_rank(directory, model.graphs, graph_fields(model), model.build_report,
+                      tr.w if sharded_weights else None, weights_meta(model, rank))
+    if rank == 0:
+        write_settings(model, directory, sharded_weights, mark_presharded)
+    return {"directory": str(Path(directory)), **saved}
 
 
 def check_saved(model, directory) -> dict:
@@ -87,11 +109,15 @@ def load_presharded(model, rank: int):
     return gr.load_rank_weights(model.model_path, rank, weights_meta(model, rank))
 
 
-def compile_to(model, compiled_model_path, save_sharded_checkpoint: bool = False) -> dict:
-    """NxD Inference ``compile(path)``; unlike transformers-neuronx it needs no on_device_embedding."""
+def check_compile(model) -> None:
     if model.neuron_config.compiled not in (True, *gr.ARTIFACTS):
         raise ValueError(f"compile() writes ahead-of-time graphs: build with NeuronConfig(compiled='export') or "
                          f"compiled='aoti' (got compiled={model.neuron_config.compiled!r})")
+
+
+def compile_to(model, compiled_model_path, save_sharded_checkpoint: bool = False) -> dict:
+    """NxD Inference ``compile(path)``; unlike transformers-neuronx it needs no on_device_embedding."""
+    check_compile(model)
     if model.model is None:
         model.to_neuron()
     return save(model, compiled_model_path, save_sharded_checkpoint, mark_presharded=False)
@@ -99,7 +125,9 @@ def compile_to(model, compiled_model_path, save_sharded_checkpoint: bool = False
 
 def from_compiled(cls, compiled_model_path, model_path=None, device: str = "cpu"):
     """NxD Inference ``load(path)``: the settings from ``neuron_config.json``, the presharded weights if
-    saved (else ``model_path`` or the recorded checkpoint), the saved graphs; no compilation."""
+    saved (else ``model_path`` or the recorded checkpoint), the saved graphs; no compilation. A directory
+    compiled with tp_degree > 1 loads into ``helpers.parallel.ParallelModel`` (one process per rank), as
+    NxD Inference's ``load`` starts its ranks itself."""
     from .buckets import NxDIBucketing
 
     d = Path(compiled_model_path)
@@ -111,6 +139,10 @@ def from_compiled(cls, compiled_model_path, model_path=None, device: str = "cpu"
                          "from_pretrained(..., neuron_config=...) and call load(path)")
     nx = s.pop("nxdi_bucketing")
     recorded = s.pop("model_path")
+    if int(s.get("tp_degree", 1)) > 1:
+        from .parallel import ParallelModel
+        if not issubclass(cls, ParallelModel):
+            cls = ParallelModel
     presharded = gr.weights_file(d, 0).is_file() and (d / "config.json").is_file()
     path = d if presharded else (model_path or recorded)
     m = cls.from_pretrained(path, neuron_config=NeuronConfig(**s.pop("neuron_config")), device=device,
