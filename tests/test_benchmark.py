@@ -71,3 +71,23 @@ def test_column_major_layout_keeps_values_and_shapes():
     assert c.shape == w.shape and torch.equal(c, w) and c.t().is_contiguous()
     x = torch.randn(3, 64)
     assert torch.allclose(torch.nn.functional.linear(x, c), x @ w.t(), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_speculative_benchmark_quick(tmp_path):
+    """ci/bench_speculative.py --quick: every row present, greedy speculation identical to plain,
+    prompt lookup accepts most drafts when the answer is a quote (acceptance is deterministic)."""
+    out = tmp_path / "spec.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "ci/bench_speculative.py"), "--quick", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True)
+    print(proc.stdout[-3000:], proc.stderr[-3000:])
+    assert proc.returncode == 0
+    rep = json.loads(out.read_text())
+    assert rep["all_identical"]
+    rows = {(r["task"], r["draft"], r["k"]): r for r in rep["rows"]}
+    assert set(rows) == {(t, d, k) for t in ("quote", "open") for d in ("prompt_lookup", "truncated_4L") for k in (2, 4)}
+    assert rows[("quote", "prompt_lookup", 4)]["acceptance_rate"] > 0.8
+    for r in rep["rows"]:
+        assert r["spec_tokens_per_s"] > 0 and r["plain_tokens_per_s"] > 0
+        assert r["model_speedup"] > 0 and r["speedup_range"][0] <= r["speedup_range"][1]
+    assert "speedup [range]" in proc.stdout and "best:" in proc.stdout
