@@ -78,21 +78,25 @@ def memory_bandwidth(mib: int, repeats: int) -> dict:
 
 
 def gemv_bandwidth(dtype: torch.dtype, repeats: int) -> dict:
-    """GB/s of batch-1 matmuls over LM-head-sized weights, in the checkpoint's [out, in] layout and
-    column-major (the engine's f32 CPU layout): how close the BLAS kernel gets to the bandwidth."""
+    """GB/s of batch-1 matmuls over LM-head-sized weights: ``F.linear`` in the checkpoint's [out, in]
+    layout and column-major, and the engine's f32 CPU linear (column-major, reduction split over the
+    threads, ``helpers.engine.cpu_linear``): how close each kernel gets to the bandwidth."""
     ws = [torch.randn(49152, 576).to(dtype) for _ in range(4)]  # 4 x 113 MB (f32): no cache reuse
     x = torch.randn(1, 576).to(dtype)
     out = {}
-    for name, layout in (("row_major", lambda w: w), ("column_major", helpers.engine.column_major)):
+    for name, layout, linear in (("row_major", lambda w: w, F.linear),
+                                 ("column_major", helpers.engine.column_major, F.linear),
+                                 ("engine", helpers.engine.column_major, helpers.engine.cpu_linear)):
         mats = [layout(w) for w in ws]
-        F.linear(x, mats[0])
+        linear(x, mats[0])
         gbs = []
         for _ in range(repeats):
             t = time.perf_counter()
             for w in mats:
-                F.linear(x, w)
+                linear(x, w)
             gbs.append(sum(w.nbytes for w in mats) / (time.perf_counter() - t) / 1e9)
         out[name] = spread(gbs)
+        del mats
     return out
 
 
@@ -202,6 +206,10 @@ def bench_config(amp: str, batch: int, a, tokenizer, bw: dict, device) -> dict:
     return res
 
 
+# the matmul kernels of a decode step (the K-split's partial-sum add is counted with the rest)
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise")
+
+
 def profile_engine(m, ids, P: int, N: int, rows: int = 12) -> dict:
     """N - 1 decode steps (public ``forward`` with ``cache_ids``) under torch.profiler, after an
     unprofiled prefill: top ops by self time, and the bandwidth the matmuls reach."""
@@ -219,7 +227,7 @@ def profile_engine(m, ids, P: int, N: int, rows: int = 12) -> dict:
     total = sum(e.self_cpu_time_total for e in ev)
     print(ev.table(sort_by="self_cpu_time_total", row_limit=rows))
     top = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:rows]
-    mm = sum(e.self_cpu_time_total for e in ev if e.key in ("aten::mm", "aten::addmm", "aten::bmm")) * 1e-6
+    mm = sum(e.self_cpu_time_total for e in ev if e.key in MATMUL_OPS) * 1e-6
     return {"self_cpu_share": {e.key: e.self_cpu_time_total / total for e in top},
             "steps": steps, "ms_per_step_profiled": wall / steps * 1e3, "matmul_ms_per_step": mm / steps * 1e3,
             "matmul_share": mm / (total * 1e-6), "matmul_gbs": streamed_bytes(m) * steps / mm / 1e9}
@@ -317,7 +325,7 @@ def main(argv=None) -> int:
         if "gemv_f32" in bw:
             g = bw["gemv_f32"]
             print(f"f32 batch-1 matmul, 49152x576 weights: [out,in] rows {fmt(g['row_major'])} GB/s, "
-                  f"column-major {fmt(g['column_major'])} GB/s")
+                  f"column-major {fmt(g['column_major'])} GB/s, engine's linear {fmt(g['engine'])} GB/s")
         tokenizer = helpers.load_tokenizer(a.model_path)
         results = []
         for amp in a.amp:

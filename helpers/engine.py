@@ -74,21 +74,57 @@ def column_major(t: torch.Tensor) -> torch.Tensor:
 
 
 def decode_layout(w: "RankWeights") -> None:
-    """Store f32 weights for fast batch-1 matmuls on CPU (decode reads every weight once per token).
+    """Store f32 weights column-major for :func:`cpu_linear` (decode reads every weight once per token).
 
-    For a [1, in] x [out, in]^T product, MKL streams an [in, out]-contiguous weight ~1.6-2x faster
-    than the checkpoint's [out, in] rows when out >= in (fused QKV, o_proj, gate/up, LM head);
-    down_proj (out < in) is faster as stored. transformers-neuronx stores its weights transposed
-    too (``llama/model.py`` ``load_weights``: ``q_proj.weight.detach().T``). Shapes are unchanged,
-    so every seam that takes [out, in] weights (``Transformer.linear``, quantizers) still works.
+    transformers-neuronx stores its weights transposed too (``llama/model.py`` ``load_weights``:
+    ``q_proj.weight.detach().T``). Shapes are unchanged, so every seam that takes [out, in] weights
+    (``Transformer.linear``, quantizers, sharding, serialization) still works.
     """
-    fast = lambda t: column_major(t) if t.shape[0] >= t.shape[1] else t  # noqa: E731
     for L in w.layers:
-        L.wqkv, L.wo, L.w13, L.w2 = fast(L.wqkv), fast(L.wo), fast(L.w13), fast(L.w2)
+        L.wqkv, L.wo, L.w13, L.w2 = (column_major(t) for t in (L.wqkv, L.wo, L.w13, L.w2))
     tied = w.lm_head is w.embed
-    w.lm_head = fast(w.lm_head)
+    w.lm_head = column_major(w.lm_head)
     if tied:  # one tensor serves both (an embedding row gather reads 576 strided floats: cheap)
         w.embed = w.lm_head
+
+
+_MKLDNN_LINEAR = (getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+                  if torch.backends.mkldnn.is_available() else None)
+
+
+def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, onednn: bool = True) -> torch.Tensor:
+    """``F.linear`` for f32 weights stored column-major on CPU (:func:`decode_layout`), by the fastest
+    kernel measured per case (``ci/benchmark.py`` prints the matmul figures; 2-core EPYC, SmolLM2
+    decode, all 30 layers + LM head, f32):
+
+    - one row (batch-1 decode): MKL's GEMV over a weight read from DRAM streams 12-20 GB/s, well
+      below the machine's ~32 GB/s (small weights suffer most). Splitting the reduction dimension into
+      one contiguous block of rows of the [in, out] storage per thread, run as one ``bmm`` (each
+      thread a single-threaded product over its own block, a view: no copy) and summing the partial
+      products reaches 18-30 GB/s: 32 -> 23 ms of matmuls per step.
+    - several rows (speculative verification, batch > 1, prefill): oneDNN's linear
+      (``mkldnn._linear_pointwise``, what torch.compile's CPU backend emits) is ~2x MKL's for 5-8 rows.
+    Any other weight (row-major, bf16, int8 storage) goes to ``F.linear``, and so do several rows with
+    ``onednn=False`` (:func:`inductor_linear`).
+    """
+    if w.stride(0) != 1 or w.dtype != torch.float32 or w.dim() != 2:
+        return F.linear(x, w, b)
+    k, n = x.shape[-1], torch.get_num_threads()
+    if x.numel() == k and n > 1 and k % n == 0:  # (cheap checks only: this runs ~120 times per token)
+        y = torch.bmm(x.reshape(n, 1, k // n), w.t().reshape(n, k // n, -1)).sum(0)  # [1, out]
+        y = y.view(x.shape[:-1] + y.shape[-1:])
+        return y if b is None else y + b
+    if onednn and _MKLDNN_LINEAR is not None:
+        # scalars=[None], not []: torch.export.save cannot serialize an empty scalar list
+        # ("Empty list with type number nyi"); with attr "none" the scalars are unused.
+        return _MKLDNN_LINEAR(x, w, b, "none", [None], "")
+    return F.linear(x, w, b)
+
+
+def inductor_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`cpu_linear` for graphs that AOTInductor compiles: its lowering of oneDNN's linear accepts
+    only constant (frozen) weights, and the graphs take the weights as inputs."""
+    return cpu_linear(x, w, b, onednn=False)
 
 
 @dataclass
@@ -173,6 +209,7 @@ class Transformer:
         self.sin_signed = torch.cat((-self.sin[:, :half], self.sin[:, half:]), dim=-1)
         if device.type == "cpu" and dtype == torch.float32:
             decode_layout(w)
+            self.linear = cpu_linear
         shape = (args.n_layers, batch_size, w.n_kv, n_positions, args.head_dim)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from .engine import LayerWeights, RankWeights, Transformer, build_mask
+from .engine import LayerWeights, RankWeights, Transformer, build_mask, cpu_linear, inductor_linear
 
 ARTIFACTS = ("export", "aoti")
 FORMAT_VERSION = 1
@@ -145,7 +145,10 @@ def example_inputs(tr: Transformer, spec: dict, batch: int) -> tuple:
     return (x, cos, sin, slots, mask, tr.k_cache[0], tr.v_cache[0], *layer)
 
 
-def export_unit(tr: Transformer, spec: dict, batch: int) -> torch.export.ExportedProgram:
+def export_unit(tr: Transformer, spec: dict, batch: int, artifact: str = "export") -> torch.export.ExportedProgram:
+    if artifact == "aoti" and tr.linear is cpu_linear:
+        tr = copy.copy(tr)
+        tr.linear = inductor_linear
     mod = AttnGraph(tr, spec["bucket"]) if spec["part"] == "attn" else MlpGraph(tr)
     return torch.export.export(mod, example_inputs(tr, spec, batch), strict=False)
 
@@ -162,7 +165,7 @@ class Unit:
 
 
 def build_unit(tr: Transformer, name: str, spec: dict, batch: int, artifact: str, workdir=None) -> Unit:
-    ep = export_unit(tr, spec, batch)
+    ep = export_unit(tr, spec, batch, artifact)
     if artifact == "export":
         ep.example_inputs = None  # else torch.export.save would store example weights with the graph
         unit = Unit(name, spec, artifact, ep.module(), program=ep)

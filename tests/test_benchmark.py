@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,6 +72,42 @@ def test_column_major_layout_keeps_values_and_shapes():
     assert c.shape == w.shape and torch.equal(c, w) and c.t().is_contiguous()
     x = torch.randn(3, 64)
     assert torch.allclose(torch.nn.functional.linear(x, c), x @ w.t(), atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("rows", [(1, 1), (1, 5), (4, 1), (2, 64)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_cpu_linear_is_f_linear(threads, rows, bias):
+    """The engine's f32 CPU linear (reduction split over threads for one row, oneDNN for several) and
+    its AOTInductor variant compute F.linear, for every thread count, row count and bias; weights it
+    does not handle (row-major, bf16) go to F.linear itself."""
+    from helpers.engine import column_major, cpu_linear, inductor_linear
+
+    g = torch.Generator().manual_seed(sum(rows) + threads)
+    w = torch.randn(150, 96, generator=g)  # 96 = 2 x 48 = 3 x 32; 150 out columns
+    b = torch.randn(150, generator=g) if bias else None
+    x = torch.randn(*rows, 96, generator=g)
+    want = torch.nn.functional.linear(x, w, b)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for fn in (cpu_linear, inductor_linear):
+            got = fn(x, column_major(w), b)
+            assert got.shape == want.shape and torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+        assert torch.equal(cpu_linear(x, w, b), torch.nn.functional.linear(x, w, b))  # same threads
+        xb, wb = x.bfloat16(), column_major(w.bfloat16())
+        assert torch.equal(cpu_linear(xb, wb), torch.nn.functional.linear(xb, wb))
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_cpu_linear_serves_the_f32_cpu_engine_only():
+    from helpers.engine import cpu_linear
+
+    m = helpers.NeuronModel(None, batch_size=1, n_positions=128).to_neuron()
+    assert m.model.linear is cpu_linear and m.model.w.layers[0].w2.t().is_contiguous()
+    m16 = helpers.NeuronModel(None, batch_size=1, n_positions=128, amp="bf16").to_neuron()
+    assert m16.model.linear is torch.nn.functional.linear
 
 
 @pytest.mark.slow
