@@ -78,15 +78,17 @@ def memory_bandwidth(mib: int, repeats: int) -> dict:
 
 
 def gemv_bandwidth(dtype: torch.dtype, repeats: int) -> dict:
-    """GB/s of batch-1 matmuls over LM-head-sized weights: ``F.linear`` in the checkpoint's [out, in]
-    layout and column-major, and the engine's f32 CPU linear (column-major, reduction split over the
-    threads, ``helpers.engine.cpu_linear``): how close each kernel gets to the bandwidth."""
+    """GB/s of batch-1 matmuls over LM-head-sized weights: ``F.linear`` (MKL) in the checkpoint's
+    [out, in] layout and column-major, and the reduction split over the threads on column-major
+    (``helpers.engine.split_k_linear``): how close each kernel gets to the bandwidth. The engine
+    uses whichever of the last two ``helpers.engine.tune_matmuls`` measures faster on the model."""
     ws = [torch.randn(49152, 576).to(dtype) for _ in range(4)]  # 4 x 113 MB (f32): no cache reuse
     x = torch.randn(1, 576).to(dtype)
     out = {}
     for name, layout, linear in (("row_major", lambda w: w, F.linear),
                                  ("column_major", helpers.engine.column_major, F.linear),
-                                 ("engine", helpers.engine.column_major, helpers.engine.cpu_linear)):
+                                 ("split_k", helpers.engine.column_major,
+                                  lambda x, w: helpers.engine.split_k_linear(x, w, None, torch.get_num_threads()))):
         mats = [layout(w) for w in ws]
         linear(x, mats[0])
         gbs = []
@@ -270,6 +272,7 @@ def goal_status(results: list[dict]) -> dict | None:
                 if name in r:
                     hf, roof = r["ratios"][name + "_over_hf"], r["ratios"][name + "_over_roofline"]
                     out[name] = {"engine_over_hf": hf, "engine_over_roofline": roof,
+                                 "hf_goal_over_roofline": GOAL["engine_over_hf"] * roof / hf,
                                  "met": hf >= GOAL["engine_over_hf"] and roof >= GOAL["engine_over_roofline"]}
             return out
     return None
@@ -325,7 +328,7 @@ def main(argv=None) -> int:
         if "gemv_f32" in bw:
             g = bw["gemv_f32"]
             print(f"f32 batch-1 matmul, 49152x576 weights: [out,in] rows {fmt(g['row_major'])} GB/s, "
-                  f"column-major {fmt(g['column_major'])} GB/s, engine's linear {fmt(g['engine'])} GB/s")
+                  f"column-major {fmt(g['column_major'])} GB/s, split-k {fmt(g['split_k'])} GB/s")
         tokenizer = helpers.load_tokenizer(a.model_path)
         results = []
         for amp in a.amp:
@@ -333,6 +336,16 @@ def main(argv=None) -> int:
                 r = bench_config(amp, batch, a, tokenizer, bw, device)
                 print_config(r)
                 results.append(r)
+        if device.type == "cpu":
+            tuned = helpers.engine.matmul_tuning.get(torch.get_num_threads()) or {}
+            kernels = {case: helpers.engine.matmul_kernel(case) for case in helpers.engine.MATMUL_KERNELS}
+            print("\nengine's f32 matmul kernels (helpers.engine.tune_matmuls, ms per pass over the model's weights):")
+            for case, kernel in kernels.items():
+                label = "1 row" if case == "one_row" else f"{tuned.get('n_rows', helpers.engine.MATMUL_TUNE_ROWS)} rows"
+                ms = tuned.get(case, {}).get("ms")
+                how = ", ".join(f"{k} {v:.1f}" for k, v in ms.items()) if ms else f"${helpers.engine.MATMUL_ENV[case]} or the default"
+                print(f"  {label:8s} {kernel:8s} ({how})")
+            machine["matmul_kernels"], machine["matmul_tuning"] = kernels, tuned or None
         load1 = os.getloadavg()
         goal = goal_status(results)
         if goal:
@@ -340,6 +353,9 @@ def main(argv=None) -> int:
                 print(f"\ngoal ({GOAL['amp']}, batch {GOAL['batch_size']}, {name}): engine/HF {g['engine_over_hf']:.2f} "
                       f"(>= {GOAL['engine_over_hf']}), engine/roofline {g['engine_over_roofline']:.2f} "
                       f"(>= {GOAL['engine_over_roofline']}): {'met' if g['met'] else 'not met'}")
+                if g["hf_goal_over_roofline"] > 1:
+                    print(f"  here {GOAL['engine_over_hf']} x HF is {g['hf_goal_over_roofline']:.2f} x the roofline: no engine "
+                          "that reads every weight once per token can reach it on this machine")
         print(f"load average {load1[0]:.2f} at the end (a busy machine lowers and spreads every figure)")
     report = {"machine": dict(machine, load_avg_start=load0[0], load_avg_end=load1[0]), "bandwidth": bw,
               "settings": {k: getattr(a, k) for k in ("model_path", "amp", "batch_sizes", "prompt_tokens",

@@ -12,6 +12,7 @@ gate/up as Neuron's ``fuse_qkv`` does) and a ``Comm`` for collectives (a no-op a
 """
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -91,40 +92,109 @@ def decode_layout(w: "RankWeights") -> None:
 _MKLDNN_LINEAR = (getattr(torch.ops.mkldnn, "_linear_pointwise", None)
                   if torch.backends.mkldnn.is_available() else None)
 
+MATMUL_KERNELS = {"one_row": ("split-k", "mkl"), "rows": ("onednn", "mkl")}
+MATMUL_ENV = {"one_row": "NEURON_NB_GEMV", "rows": "NEURON_NB_GEMM"}  # force a kernel (reproducible figures)
+MATMUL_TUNE_MIN_BYTES = 32 << 20  # weights that fit in cache say nothing about DRAM-bound decode
+MATMUL_TUNE_ROWS = 8  # several rows: speculative verification (k + 1), batch 8
+matmul_tuning: dict[int, dict] = {}  # threads -> {case: {"kernel", "ms": {kernel: ms per pass}}, "bytes", "n_rows"}
+
+
+def split_k_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, n: int) -> torch.Tensor:
+    """One row times a column-major [out, in] weight, the reduction split into ``n`` contiguous
+    blocks of the [in, out] storage (views, no copy), one ``bmm`` batch per thread, then summed."""
+    k = x.shape[-1]
+    y = torch.bmm(x.reshape(n, 1, k // n), w.t().reshape(n, k // n, -1)).sum(0)  # [1, out]
+    y = y.view(x.shape[:-1] + y.shape[-1:])
+    return y if b is None else y + b
+
+
+def onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    # scalars=[None], not []: torch.export.save cannot serialize an empty scalar list
+    # ("Empty list with type number nyi"); with attr "none" the scalars are unused.
+    return _MKLDNN_LINEAR(x, w, b, "none", [None], "")
+
+
+def matmul_kernel(case: str, threads: int | None = None) -> str:
+    """The kernel :func:`cpu_linear` uses for ``case`` ("one_row" or "rows") at this thread count:
+    ``$NEURON_NB_GEMV`` / ``$NEURON_NB_GEMM`` if set, else what :func:`tune_matmuls` measured, else
+    split-k / oneDNN."""
+    forced = os.environ.get(MATMUL_ENV[case])
+    if forced:
+        if forced not in MATMUL_KERNELS[case]:
+            raise ValueError(f"{MATMUL_ENV[case]}={forced!r}: use one of {MATMUL_KERNELS[case]} or unset it")
+        return forced
+    n = torch.get_num_threads() if threads is None else threads
+    return matmul_tuning.get(n, {}).get(case, {}).get("kernel", MATMUL_KERNELS[case][0])
+
+
+def tune_matmuls(weights: list[torch.Tensor], repeats: int = 3) -> dict | None:
+    """Choose :func:`cpu_linear`'s kernels once per process and thread count by timing them on the
+    model's own column-major weights (one pass over all of them per try, best of ``repeats``), for one
+    row and for MATMUL_TUNE_ROWS rows. The winners depend on the CPU (all 30 SmolLM2 layers + LM head):
+
+    - 2-core AMD EPYC, MKL's GEMV streams 12-20 GB/s: split-k 23 ms per pass against MKL's 32 ms;
+      oneDNN ~2x MKL for 5-8 rows (30/45 ms against 65/86 ms).
+    - 2-core Intel Xeon (Sapphire Rapids): MKL ahead in both: 19.1 against split-k 20.9 ms;
+      34 against oneDNN 40 ms at 8 rows, 46 against 71 ms at 32.
+
+    Only speed differs: every kernel computes F.linear (within f32 rounding). Skipped below
+    MATMUL_TUNE_MIN_BYTES or when both kernels are forced."""
+    n = torch.get_num_threads()
+    weights = [t for t in weights if t.dim() == 2 and t.dtype == torch.float32 and t.stride(0) == 1]
+    size = sum(t.numel() * t.element_size() for t in weights)
+    if n in matmul_tuning or size < MATMUL_TUNE_MIN_BYTES or all(os.environ.get(e) for e in MATMUL_ENV.values()):
+        return matmul_tuning.get(n)
+    candidates = {"one_row": {"mkl": lambda x, t: F.linear(x, t)}, "rows": {"mkl": lambda x, t: F.linear(x, t)}}
+    if n > 1 and all(t.shape[1] % n == 0 for t in weights):
+        candidates["one_row"]["split-k"] = lambda x, t: split_k_linear(x, t, None, n)
+    if _MKLDNN_LINEAR is not None:
+        candidates["rows"]["onednn"] = onednn_linear
+    out = {"bytes": size, "n_rows": MATMUL_TUNE_ROWS}
+    with torch.inference_mode():
+        for case, rows in (("one_row", 1), ("rows", MATMUL_TUNE_ROWS)):
+            xs = {t.shape[1]: torch.randn(rows, t.shape[1]) for t in weights}
+            best = {name: float("inf") for name in candidates[case]}
+            for _ in range(repeats + 1):  # the first round warms up
+                for name, fn in candidates[case].items():
+                    t0 = time.perf_counter()
+                    for t in weights:
+                        fn(xs[t.shape[1]], t)
+                    best[name] = min(best[name], time.perf_counter() - t0)
+            out[case] = {"kernel": min(best, key=best.get), "ms": {k: round(v * 1e3, 2) for k, v in best.items()}}
+    matmul_tuning[n] = out
+    return out
+
 
 def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, onednn: bool = True) -> torch.Tensor:
-    """``F.linear`` for f32 weights stored column-major on CPU (:func:`decode_layout`), by the fastest
-    kernel measured per case (``ci/benchmark.py`` prints the matmul figures; 2-core EPYC, SmolLM2
-    decode, all 30 layers + LM head, f32):
+    """``F.linear`` for f32 weights stored column-major on CPU (:func:`decode_layout`), by the kernel
+    :func:`tune_matmuls` measured fastest on this machine (``ci/benchmark.py`` prints the figures):
 
-    - one row (batch-1 decode): MKL's GEMV over a weight read from DRAM streams 12-20 GB/s, well
-      below the machine's ~32 GB/s (small weights suffer most). Splitting the reduction dimension into
-      one contiguous block of rows of the [in, out] storage per thread, run as one ``bmm`` (each
-      thread a single-threaded product over its own block, a view: no copy) and summing the partial
-      products reaches 18-30 GB/s: 32 -> 23 ms of matmuls per step.
+    - one row (batch-1 decode): split-k (:func:`split_k_linear`) or MKL's GEMV (``F.linear``);
     - several rows (speculative verification, batch > 1, prefill): oneDNN's linear
-      (``mkldnn._linear_pointwise``, what torch.compile's CPU backend emits) is ~2x MKL's for 5-8 rows.
+      (``mkldnn._linear_pointwise``, what torch.compile's CPU backend emits) or MKL's GEMM.
+
     Any other weight (row-major, bf16, int8 storage) goes to ``F.linear``, and so do several rows with
-    ``onednn=False`` (:func:`inductor_linear`).
+    ``onednn=False``.
     """
     if w.stride(0) != 1 or w.dtype != torch.float32 or w.dim() != 2:
         return F.linear(x, w, b)
-    k, n = x.shape[-1], torch.get_num_threads()
-    if x.numel() == k and n > 1 and k % n == 0:  # (cheap checks only: this runs ~120 times per token)
-        y = torch.bmm(x.reshape(n, 1, k // n), w.t().reshape(n, k // n, -1)).sum(0)  # [1, out]
-        y = y.view(x.shape[:-1] + y.shape[-1:])
-        return y if b is None else y + b
-    if onednn and _MKLDNN_LINEAR is not None:
-        # scalars=[None], not []: torch.export.save cannot serialize an empty scalar list
-        # ("Empty list with type number nyi"); with attr "none" the scalars are unused.
-        return _MKLDNN_LINEAR(x, w, b, "none", [None], "")
+    k = x.shape[-1]
+    if x.numel() == k:  # (cheap checks only: this runs ~120 times per token)
+        n = torch.get_num_threads()
+        if n > 1 and k % n == 0 and matmul_kernel("one_row", n) == "split-k":
+            return split_k_linear(x, w, b, n)
+        return F.linear(x, w, b)
+    if onednn and _MKLDNN_LINEAR is not None and matmul_kernel("rows") == "onednn":
+        return onednn_linear(x, w, b)
     return F.linear(x, w, b)
 
 
 def inductor_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`cpu_linear` for graphs that AOTInductor compiles: its lowering of oneDNN's linear accepts
-    only constant (frozen) weights, and the graphs take the weights as inputs."""
-    return cpu_linear(x, w, b, onednn=False)
+    """The linear of graphs that AOTInductor compiles: plain ``F.linear`` (an MKL ``mm_out`` call in the
+    generated code). Not oneDNN's linear: its lowering accepts only constant (frozen) weights, and the
+    graphs take the weights as inputs. Not split-k: Inductor fuses that bmm + sum into a generated C++
+    loop that ran at half the speed (SmolLM2 decode 59 ms/token against 27 ms with F.linear)."""
+    return F.linear(x, w, b)
 
 
 @dataclass
@@ -210,6 +280,7 @@ class Transformer:
         if device.type == "cpu" and dtype == torch.float32:
             decode_layout(w)
             self.linear = cpu_linear
+            tune_matmuls([t for L in w.layers for t in (L.wqkv, L.wo, L.w13, L.w2)] + [w.lm_head])
         shape = (args.n_layers, batch_size, w.n_kv, n_positions, args.head_dim)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)

@@ -30,8 +30,9 @@ def report(tmp_path_factory):
 def test_prints_every_figure_and_ratio(report):
     rep, text = report
     for needle in ("memory bandwidth", "engine (eager)", "HF generate()", "roofline", "engine_over_hf",
-                   "engine_over_roofline", "goal (f32, batch 1"):
+                   "engine_over_roofline", "goal (f32, batch 1", "engine's f32 matmul kernels"):
         assert needle in text
+    assert set(rep["machine"]["matmul_kernels"]) == {"one_row", "rows"}
     bw = rep["bandwidth"]
     assert bw["roofline_gbs"] == max(bw["copy_gbs"]["median"], bw["read_gbs"]["median"]) > 0
     (r,) = rep["results"]
@@ -74,15 +75,18 @@ def test_column_major_layout_keeps_values_and_shapes():
     assert torch.allclose(torch.nn.functional.linear(x, c), x @ w.t(), atol=1e-5)
 
 
+@pytest.mark.parametrize("kernel", ["split-k", "mkl"])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("rows", [(1, 1), (1, 5), (4, 1), (2, 64)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_cpu_linear_is_f_linear(threads, rows, bias):
-    """The engine's f32 CPU linear (reduction split over threads for one row, oneDNN for several) and
-    its AOTInductor variant compute F.linear, for every thread count, row count and bias; weights it
-    does not handle (row-major, bf16) go to F.linear itself."""
-    from helpers.engine import column_major, cpu_linear, inductor_linear
+def test_cpu_linear_is_f_linear(threads, rows, bias, kernel, monkeypatch):
+    """The engine's f32 CPU linear (either one-row kernel, oneDNN for several rows) and its AOTInductor
+    variant compute F.linear, for every thread count, row count and bias; weights it does not handle
+    (row-major, bf16) go to F.linear itself."""
+    from helpers.engine import MATMUL_ENV, column_major, cpu_linear, inductor_linear
 
+    monkeypatch.setenv(MATMUL_ENV["one_row"], kernel)
+    monkeypatch.setenv(MATMUL_ENV["rows"], "onednn" if kernel == "split-k" else "mkl")
     g = torch.Generator().manual_seed(sum(rows) + threads)
     w = torch.randn(150, 96, generator=g)  # 96 = 2 x 48 = 3 x 32; 150 out columns
     b = torch.randn(150, generator=g) if bias else None
@@ -97,6 +101,41 @@ def test_cpu_linear_is_f_linear(threads, rows, bias):
         assert torch.equal(cpu_linear(x, w, b), torch.nn.functional.linear(x, w, b))  # same threads
         xb, wb = x.bfloat16(), column_major(w.bfloat16())
         assert torch.equal(cpu_linear(xb, wb), torch.nn.functional.linear(xb, wb))
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_matmul_kernels_are_tuned_once_on_big_weights(monkeypatch):
+    """tune_matmuls times the kernels on weights larger than the caches, once per thread count, and
+    cpu_linear then runs the winners (any kernel computes F.linear); small weights skip the timing;
+    $NEURON_NB_GEMV / $NEURON_NB_GEMM force a kernel and an unknown one is refused by name."""
+    import helpers.engine as E
+
+    for env in E.MATMUL_ENV.values():
+        monkeypatch.delenv(env, raising=False)
+    monkeypatch.setattr(E, "matmul_tuning", {})
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        small = [E.column_major(torch.randn(64, 64))]
+        assert E.tune_matmuls(small) is None and E.matmul_tuning == {}
+        assert (E.matmul_kernel("one_row"), E.matmul_kernel("rows")) == ("split-k", "onednn")
+        big = [E.column_major(torch.randn(4096, 2048)) for _ in range(3)]  # 3 x 32 MiB
+        t = E.tune_matmuls(big, repeats=1)
+        assert t["bytes"] == 3 * 4096 * 2048 * 4 and E.tune_matmuls(big) is t  # once per thread count
+        for case, kernels in E.MATMUL_KERNELS.items():
+            assert t[case]["kernel"] in kernels and set(t[case]["ms"]) <= set(kernels)
+            assert E.matmul_kernel(case) == t[case]["kernel"]
+        for case, kernels in E.MATMUL_KERNELS.items():
+            for kernel in kernels:
+                E.matmul_tuning[2] = dict(t, **{case: {"kernel": kernel}})
+                x = torch.randn(1 if case == "one_row" else 5, 2048)
+                assert torch.allclose(E.cpu_linear(x, big[0]), x @ big[0].t(), atol=1e-3)
+        monkeypatch.setenv("NEURON_NB_GEMM", "mkl")
+        assert E.matmul_kernel("rows") == "mkl"
+        monkeypatch.setenv("NEURON_NB_GEMV", "fast")
+        with pytest.raises(ValueError, match="NEURON_NB_GEMV='fast': use one of"):
+            E.matmul_kernel("one_row")
     finally:
         torch.set_num_threads(before)
 
