@@ -165,7 +165,7 @@ def tune_matmuls(weights: list[torch.Tensor], repeats: int = 3) -> dict | None:
     return out
 
 
-def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, onednn: bool = True) -> torch.Tensor:
+def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` for f32 weights stored column-major on CPU (:func:`decode_layout`), by the kernel
     :func:`tune_matmuls` measured fastest on this machine (``ci/benchmark.py`` prints the figures):
 
@@ -173,8 +173,7 @@ def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, 
     - several rows (speculative verification, batch > 1, prefill): oneDNN's linear
       (``mkldnn._linear_pointwise``, what torch.compile's CPU backend emits) or MKL's GEMM.
 
-    Any other weight (row-major, bf16, int8 storage) goes to ``F.linear``, and so do several rows with
-    ``onednn=False``.
+    Any other weight (row-major, bf16, int8 storage) goes to ``F.linear``.
     """
     if w.stride(0) != 1 or w.dtype != torch.float32 or w.dim() != 2:
         return F.linear(x, w, b)
@@ -184,7 +183,7 @@ def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, 
         if n > 1 and k % n == 0 and matmul_kernel("one_row", n) == "split-k":
             return split_k_linear(x, w, b, n)
         return F.linear(x, w, b)
-    if onednn and _MKLDNN_LINEAR is not None and matmul_kernel("rows") == "onednn":
+    if _MKLDNN_LINEAR is not None and matmul_kernel("rows") == "onednn":
         return onednn_linear(x, w, b)
     return F.linear(x, w, b)
 
