@@ -203,6 +203,8 @@ def bench_config(amp: str, batch: int, a, tokenizer, bw: dict, device) -> dict:
     if a.profile:
         print(f"\nprofile of the engine's decode steps, amp={amp} batch={batch}:")
         res["profile"] = profile_engine(m, ids, P, N)
+        if device.type == "cpu":
+            res["profile"]["pause_cost"] = matmul_pause_cost(m, batch)
     del engines, hf, runs
     gc.collect()
     return res
@@ -235,6 +237,37 @@ def profile_engine(m, ids, P: int, N: int, rows: int = 12) -> dict:
             "matmul_share": mm / (total * 1e-6), "matmul_gbs": streamed_bytes(m) * steps / mm / 1e9}
 
 
+def matmul_pause_cost(m, batch: int, pause_us: float = 10.0, repeats: int = 5) -> dict:
+    """A decode step's matmuls alone, as one pass over the rank's weights with the engine's linear:
+    back to back, then with a busy-wait of ``pause_us`` between matmuls (as the other ops of a step
+    sit between them). ``extra_us`` = what each pause costs beyond its own length."""
+    tr = m._require_built()
+    w = tr.w
+    weights = [t for L in w.layers for t in (L.wqkv, L.wo, L.w13, L.w2)] + [w.lm_head]
+    xs = {k: torch.randn(batch, k, dtype=tr.dtype, device=tr.device) for k in {t.shape[1] for t in weights}}
+
+    def busy():
+        end = time.perf_counter() + pause_us * 1e-6
+        while time.perf_counter() < end:
+            pass
+
+    def one_pass(pause) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for wt in weights:
+                tr.linear(xs[wt.shape[1]], wt)
+                pause()
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    with torch.inference_mode():
+        one_pass(lambda: None)  # warm-up
+        plain, paused = one_pass(lambda: None), one_pass(busy)
+    return {"matmuls": len(weights), "pass_ms": plain * 1e3, "paused_pass_ms": paused * 1e3, "pause_us": pause_us,
+            "extra_us": (paused - plain) / len(weights) * 1e6 - pause_us}
+
+
 # -- report --------------------------------------------------------------------------------------
 def print_config(r: dict) -> None:
     print(f"\n== amp={r['amp']}  batch={r['batch_size']}  prompt={r['prompt_tokens']}  new={r['new_tokens']}  "
@@ -259,6 +292,10 @@ def print_config(r: dict) -> None:
         p = r["profile"]
         print(f"  profile: {p['ms_per_step_profiled']:.1f} ms/step, of which matmuls {p['matmul_ms_per_step']:.1f} ms "
               f"({p['matmul_share']:.0%} of CPU time) at {p['matmul_gbs']:.1f} GB/s")
+        if "pause_cost" in p:
+            c = p["pause_cost"]
+            print(f"  the step's {c['matmuls']} matmuls alone: {c['pass_ms']:.1f} ms back to back, {c['paused_pass_ms']:.1f} ms with "
+                  f"{c['pause_us']:.0f} us between them: each pause costs {c['extra_us']:.0f} us beyond itself")
     if r["batch_size"] > 1:
         print(f"  aggregate tok/s (x{r['batch_size']}): engine {r['engine']['decode_tok_s']['median'] * r['batch_size']:.1f}"
               f", HF {r['hf']['decode_tok_s']['median'] * r['batch_size']:.1f}")
