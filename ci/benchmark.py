@@ -210,7 +210,7 @@ def bench_config(amp: str, batch: int, a, tokenizer, bw: dict, device) -> dict:
     return res
 
 
-# the matmul kernels of a decode step (the K-split's partial-sum add is counted with the rest)
+# the matmul kernels of a decode step (split-k's partial-sum add is counted with the rest)
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise")
 
 
