@@ -242,8 +242,7 @@ def matmul_pause_cost(m, batch: int, pause_us: float = 10.0, repeats: int = 5) -
     back to back, then with a busy-wait of ``pause_us`` between matmuls (as the other ops of a step
     sit between them). ``extra_us`` = what each pause costs beyond its own length."""
     tr = m._require_built()
-    w = tr.w
-    weights = [t for L in w.layers for t in (L.wqkv, L.wo, L.w13, L.w2)] + [w.lm_head]
+    weights = helpers.engine.decode_matrices(tr.w)
     xs = {k: torch.randn(batch, k, dtype=tr.dtype, device=tr.device) for k in {t.shape[1] for t in weights}}
 
     def busy():
@@ -251,19 +250,10 @@ def matmul_pause_cost(m, batch: int, pause_us: float = 10.0, repeats: int = 5) -
         while time.perf_counter() < end:
             pass
 
-    def one_pass(pause) -> float:
-        best = float("inf")
-        for _ in range(repeats):
-            t = time.perf_counter()
-            for wt in weights:
-                tr.linear(xs[wt.shape[1]], wt)
-                pause()
-            best = min(best, time.perf_counter() - t)
-        return best
-
+    passes = lambda pause: helpers.engine.matmul_pass_seconds(tr.linear, weights, xs, repeats, pause)  # noqa: E731
     with torch.inference_mode():
-        one_pass(lambda: None)  # warm-up
-        plain, paused = one_pass(lambda: None), one_pass(busy)
+        passes(None)  # warm-up
+        plain, paused = passes(None), passes(busy)
     return {"matmuls": len(weights), "pass_ms": plain * 1e3, "paused_pass_ms": paused * 1e3, "pause_us": pause_us,
             "extra_us": (paused - plain) / len(weights) * 1e6 - pause_us}
 

@@ -127,6 +127,25 @@ def matmul_kernel(case: str, threads: int | None = None) -> str:
     return matmul_tuning.get(n, {}).get(case, {}).get("kernel", MATMUL_KERNELS[case][0])
 
 
+def decode_matrices(w: "RankWeights") -> list[torch.Tensor]:
+    """The matrices a decode step streams, in the order it reads them (per layer, then the LM head)."""
+    return [t for L in w.layers for t in (L.wqkv, L.wo, L.w13, L.w2)] + [w.lm_head]
+
+
+def matmul_pass_seconds(linear, weights: list[torch.Tensor], xs: dict, repeats: int = 1, pause=None) -> float:
+    """Best of ``repeats`` passes of ``linear(xs[in_features], w)`` over ``weights``, calling
+    ``pause()`` after each matmul if given."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for t in weights:
+            linear(xs[t.shape[1]], t)
+            if pause is not None:
+                pause()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def tune_matmuls(weights: list[torch.Tensor], repeats: int = 3) -> dict | None:
     """Choose :func:`cpu_linear`'s kernels once per process and thread count by timing them on the
     model's own column-major weights (one pass over all of them per try, best of ``repeats``), for one
@@ -154,12 +173,9 @@ def tune_matmuls(weights: list[torch.Tensor], repeats: int = 3) -> dict | None:
         for case, rows in (("one_row", 1), ("rows", MATMUL_TUNE_ROWS)):
             xs = {t.shape[1]: torch.randn(rows, t.shape[1]) for t in weights}
             best = {name: float("inf") for name in candidates[case]}
-            for _ in range(repeats + 1):  # the first round warms up
+            for _ in range(repeats + 1):  # the first round warms up; kernels alternate per round
                 for name, fn in candidates[case].items():
-                    t0 = time.perf_counter()
-                    for t in weights:
-                        fn(xs[t.shape[1]], t)
-                    best[name] = min(best[name], time.perf_counter() - t0)
+                    best[name] = min(best[name], matmul_pass_seconds(fn, weights, xs))
             out[case] = {"kernel": min(best, key=best.get), "ms": {k: round(v * 1e3, 2) for k, v in best.items()}}
     matmul_tuning[n] = out
     return out
@@ -185,14 +201,6 @@ def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) 
         return F.linear(x, w, b)
     if _MKLDNN_LINEAR is not None and matmul_kernel("rows") == "onednn":
         return onednn_linear(x, w, b)
-    return F.linear(x, w, b)
-
-
-def inductor_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """The linear of graphs that AOTInductor compiles: plain ``F.linear`` (an MKL ``mm_out`` call in the
-    generated code). Not oneDNN's linear: its lowering accepts only constant (frozen) weights, and the
-    graphs take the weights as inputs. Not split-k: Inductor fuses that bmm + sum into a generated C++
-    loop that ran at half the speed (SmolLM2 decode 59 ms/token against 27 ms with F.linear)."""
     return F.linear(x, w, b)
 
 
@@ -279,7 +287,7 @@ class Transformer:
         if device.type == "cpu" and dtype == torch.float32:
             decode_layout(w)
             self.linear = cpu_linear
-            tune_matmuls([t for L in w.layers for t in (L.wqkv, L.wo, L.w13, L.w2)] + [w.lm_head])
+            tune_matmuls(decode_matrices(w))
         shape = (args.n_layers, batch_size, w.n_kv, n_positions, args.head_dim)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)

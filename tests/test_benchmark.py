@@ -80,10 +80,10 @@ def test_column_major_layout_keeps_values_and_shapes():
 @pytest.mark.parametrize("rows", [(1, 1), (1, 5), (4, 1), (2, 64)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_cpu_linear_is_f_linear(threads, rows, bias, kernel, monkeypatch):
-    """The engine's f32 CPU linear (either one-row kernel, oneDNN for several rows) and its AOTInductor
-    variant compute F.linear, for every thread count, row count and bias; weights it does not handle
-    (row-major, bf16) go to F.linear itself."""
-    from helpers.engine import MATMUL_ENV, column_major, cpu_linear, inductor_linear
+    """The engine's f32 CPU linear (either one-row kernel, oneDNN or MKL for several rows) computes
+    F.linear, for every thread count, row count and bias; weights it does not handle (row-major,
+    bf16) go to F.linear itself."""
+    from helpers.engine import MATMUL_ENV, column_major, cpu_linear
 
     monkeypatch.setenv(MATMUL_ENV["one_row"], kernel)
     monkeypatch.setenv(MATMUL_ENV["rows"], "onednn" if kernel == "split-k" else "mkl")
@@ -95,9 +95,8 @@ def test_cpu_linear_is_f_linear(threads, rows, bias, kernel, monkeypatch):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for fn in (cpu_linear, inductor_linear):
-            got = fn(x, column_major(w), b)
-            assert got.shape == want.shape and torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+        got = cpu_linear(x, column_major(w), b)
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-4, rtol=1e-4)
         assert torch.equal(cpu_linear(x, w, b), torch.nn.functional.linear(x, w, b))  # same threads
         xb, wb = x.bfloat16(), column_major(w.bfloat16())
         assert torch.equal(cpu_linear(xb, wb), torch.nn.functional.linear(xb, wb))
