@@ -16,7 +16,7 @@ Convention for notebook authors (the contract test relies on it):
       the reference backend (``run_reference_cell``) defines nothing here.
 3. Cells must be plain Python (no ``%`` / ``!`` magics).
 
-The stand-ins (``tests/contract/stubs``) are importable only inside :func:`stand_ins`; they raise
+The stand-ins (``tests/neuron_sim``) are importable only inside :func:`stand_ins`; they raise
 ``ContractError`` on keywords the pinned releases do not take (including the ones the real
 libraries would swallow) and on wrong call order. This is evidence that the code matches the pinned
 APIs, not that it runs on hardware.
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import nbformat
 
-STUBS = Path(__file__).resolve().parent / "stubs"
+STUBS = Path(__file__).resolve().parents[1] / "neuron_sim"
 STUB_MODULES = ("transformers_neuronx", "neuronx_distributed_inference", "_neuron_contract")
 STACKS = ("tnx", "nxdi")
 

@@ -3,7 +3,7 @@
 What it proves: each notebook's Neuron cells (``neuron`` + ``tnx`` / ``nxdi`` tags) and the helpers
 entry point (``helpers.build_model`` on the neuron backend -> ``helpers.neuron``) call only classes,
 keywords, enum members and call orders that exist in transformers-neuronx 0.13 (v0.13.0) and NxD
-Inference 0.8 (SDK 2.28). The stand-in packages in ``stubs/`` transcribe those signatures and
+Inference 0.8 (SDK 2.28). The stand-in packages in ``tests/neuron_sim/`` transcribe those signatures and
 rules and raise on anything else, including keywords the real libraries silently swallow.
 What it does not prove: that anything runs on an inf2 instance (that is the inf2 workflow's job).
 
@@ -240,6 +240,6 @@ def test_stand_ins_leave_no_trace():
         import transformers_neuronx
 
         assert transformers_neuronx.__file__.startswith(str(harness.STUBS))
-    assert all(not p.endswith("stubs") for p in sys.path)
+    assert all(not p.endswith("neuron_sim") for p in sys.path)
     assert installed_stacks() == before
     assert not any(str(harness.STUBS) in str(getattr(m, "__file__", "") or "") for m in list(sys.modules.values()))
