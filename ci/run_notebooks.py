@@ -138,8 +138,22 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise UsageError(f"--set {key}: value is not valid YAML: {exc}") from None
 
 
-def load_params(path: str | Path | None, overrides: list[str] | dict | None = None) -> dict:
-    """Load and validate a parameter set; ``overrides`` (``--set`` items) go under ``overrides``."""
+def load_params(path, overrides: list[str] | dict | None = None) -> dict:
+    """Load and validate a parameter set; ``overrides`` (``--set`` items) go under ``overrides``.
+
+    ``path`` may be a list of parameter sets: each later file overlays the earlier ones (``defaults``,
+    ``timeouts`` and each notebook's parameters key by key; ``timeout`` when it sets one)."""
+    if isinstance(path, (list, tuple)):
+        merged = load_params(None, overrides)
+        for one in path:
+            layer = load_params(one)
+            merged["defaults"].update(layer["defaults"])
+            merged["timeouts"].update(layer["timeouts"])
+            for stem, values in layer["notebooks"].items():
+                merged["notebooks"].setdefault(stem, {}).update(values)
+            if layer["timeout"] is not None:
+                merged["timeout"] = layer["timeout"]
+        return merged
     data: dict = {}
     if path is not None:
         try:
@@ -572,7 +586,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description="Execute the tutorial notebooks with papermill and check their metrics.",
         epilog="Exit status: 0 all passed, 1 a notebook failed/timed out/regressed, 2 usage error.")
-    p.add_argument("--params", help="parameter set YAML (defaults / notebooks / timeout / timeouts)")
+    p.add_argument("--params", action="append", metavar="YAML",
+                   help="parameter set YAML (defaults / notebooks / timeout / timeouts); repeatable: a later "
+                        "file overlays the earlier ones")
     p.add_argument("--notebooks", nargs="+", metavar="NB",
                    help="notebooks to run, by stem (03_streaming) or NN prefix (03); default: all")
     p.add_argument("--notebooks-dir", default=str(DEFAULT_NOTEBOOKS_DIR),
@@ -652,7 +668,9 @@ def _main(args: argparse.Namespace) -> int:
     if summary:
         with open(summary, "a") as fh:
             fh.write("### Notebook regression run\n\n" + format_table(results, markdown=True) + "\n")
-    return 0 if all(r.status == PASS for r in results) else 1
+    passed = sum(r.status == PASS for r in results)
+    print(f"{passed}/{len(results)} PASS")
+    return 0 if passed == len(results) else 1
 
 
 if __name__ == "__main__":

