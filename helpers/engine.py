@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from . import buckets as bk
 from .config import GQA, ModelArgs, NeuronConfig, amp_dtype, reject_unknown
 from .model_store import load_config, load_state_dict, resolve_model_path
-from .sampling import select_next_tokens, validate_sampling_args
+from .sampling import select_next_tokens, validate_input_ids, validate_sampling_args
 
 
 class Comm:
@@ -644,7 +644,7 @@ class NeuronModel:
     def forward(self, input_ids, cache_ids=None, start_ids=None):
         """Logits [B, vocab] of the last position; ``cache_ids`` [T] are the slots to write (default 0..T-1)."""
         self._require_built()
-        input_ids = input_ids.to(self.device)
+        input_ids = validate_input_ids(input_ids, self.args.vocab_size).to(self.device)
         start = self._start_ids(input_ids, start_ids, None)
         first = 0 if cache_ids is None else int(cache_ids.reshape(-1)[0])
         if first == 0:
@@ -708,9 +708,7 @@ class NeuronModel:
         """
         self._require_built()
         validate_sampling_args(top_k, top_p, temperature)
-        input_ids = torch.as_tensor(input_ids).to(self.device)
-        if input_ids.dim() == 1:
-            input_ids = input_ids[None]
+        input_ids = validate_input_ids(input_ids, self.args.vocab_size).to(self.device)
         input_ids, attention_mask = self._fit_prompt(input_ids, attention_mask)
         B, L = input_ids.shape
         if B != self.batch_size:

@@ -33,8 +33,10 @@ from pathlib import Path
 
 import torch
 
+from .sampling import validate_input_ids, validate_sampling_args
 from .buckets import tnx_context_buckets, tnx_token_buckets
 from .model_store import resolve_model_path, with_legacy_keys
+from .planner import PLATFORM_TP_DEGREES
 
 STACKS = ("tnx", "nxdi")
 AMP_TO_TORCH_DTYPE = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
@@ -46,12 +48,10 @@ TNX_QUANT_METHODS = ("vector_dynamic", "direct_cast")
 # NxD Inference names for the same storage types (QuantizedDtype members are matched upper-cased,
 # models/config.py _verify_quantized_config).
 NXDI_QUANT_DTYPE = {"s8": "int8", "f8e4m3fn": "f8e4m3"}
-# Valid tensor-parallel degrees (NeuronCores per model) on each instance family.
-VALID_TP = {"inf2": (1, 2, 4, 8, 24), "trn1": (1, 2, 8, 16, 32)}
-# NeuronCores and host memory of the inf2 sizes (each NeuronCore-v2 has 16 GB of HBM).
-INF2_INSTANCES = {"inf2.xlarge": {"cores": 2, "host_gib": 16}, "inf2.8xlarge": {"cores": 2, "host_gib": 128},
-                  "inf2.24xlarge": {"cores": 12, "host_gib": 384}, "inf2.48xlarge": {"cores": 24, "host_gib": 768}}
-HBM_PER_CORE_GB = 16
+# The instance families the pinned stacks run on (trn2 needs later SDKs for NxD Inference kernels).
+FAMILIES = ("inf2", "trn1")
+# EC2 (Nitro) reports the instance type here, e.g. "inf2.xlarge".
+DMI_PRODUCT_NAME = "/sys/devices/virtual/dmi/id/product_name"
 
 # Every keyword NxD Inference 0.8's NeuronConfig pops (models/config.py NeuronConfig.__init__ and
 # _get_lnc). The class only *logs* "NeuronConfig init: Unexpected keyword arguments" for anything
@@ -103,6 +103,37 @@ def _refuse_unknown(keys, known, where: str) -> None:
                             "with the default.)")
 
 
+def detect_instance_family(product_name_file: str = DMI_PRODUCT_NAME) -> str | None:
+    """'inf2' / 'trn1' from the instance type EC2 reports (``inf2.xlarge`` -> ``inf2``); None elsewhere."""
+    try:
+        name = Path(product_name_file).read_text().strip()
+    except OSError:
+        return None
+    family = name.split(".", 1)[0]
+    return family if family in FAMILIES else None
+
+
+def check_tp_degree(tp_degree: int, instance_family: str | None = None) -> None:
+    """Refuse a tp_degree the Neuron runtime does not run on this instance family (tnx guide: inf2 1, 2, 4, 8,
+    24; trn1 1, 2, 8, 16, 32). The family is ``instance_family``, else the one this instance reports; where
+    neither is known (no Neuron instance), only the degrees valid on both families pass."""
+    family = instance_family or detect_instance_family()
+    if family is not None and family not in FAMILIES:
+        raise ValueError(f"instance_family={family!r}: use one of {FAMILIES}")
+    if family is not None:
+        if tp_degree not in PLATFORM_TP_DEGREES[family]:
+            raise ValueError(f"tp_degree={tp_degree} does not run on {family}: use one of "
+                             f"{PLATFORM_TP_DEGREES[family]} (NeuronCores per model on {family})")
+        return
+    both = [t for t in PLATFORM_TP_DEGREES["inf2"] if t in PLATFORM_TP_DEGREES["trn1"]]
+    if tp_degree not in both:
+        valid_on = [f for f in FAMILIES if tp_degree in PLATFORM_TP_DEGREES[f]]
+        hint = (f"it runs on {valid_on[0]} only: pass instance_family={valid_on[0]!r}" if valid_on else
+                f"valid degrees: inf2 {PLATFORM_TP_DEGREES['inf2']}, trn1 {PLATFORM_TP_DEGREES['trn1']}")
+        raise ValueError(f"tp_degree={tp_degree}: the instance family is unknown here (no EC2 instance type in "
+                         f"{DMI_PRODUCT_NAME}) and {hint}")
+
+
 # ------------------------------------------------------------------------------ settings mapping
 @dataclasses.dataclass
 class NeuronSettings:
@@ -137,7 +168,7 @@ def _quant_fields(quant) -> dict:
 def neuron_settings(stack: str, *, batch_size: int = 1, n_positions=2048, tp_degree: int = 1, amp: str = "f32",
                     context_length_estimate=None, neuron_config=None, speculation_length: int = 0,
                     quantized_checkpoints_path: str | None = None, nxdi_overrides: dict | None = None,
-                    device: str | None = None) -> NeuronSettings:
+                    device: str | None = None, instance_family: str | None = None) -> NeuronSettings:
     """Map the reference engine's settings to one stack's keywords. Refuses what cannot be expressed.
 
     Buckets: transformers-neuronx takes ``n_positions`` (token buckets) and ``context_length_estimate``
@@ -157,9 +188,12 @@ def neuron_settings(stack: str, *, batch_size: int = 1, n_positions=2048, tp_deg
     batch_size, tp_degree, speculation_length = int(batch_size), int(tp_degree), int(speculation_length)
     if batch_size < 1 or tp_degree < 1 or speculation_length < 0:
         raise ValueError("batch_size and tp_degree must be >= 1 and speculation_length >= 0")
-    if tp_degree not in VALID_TP["inf2"] + VALID_TP["trn1"]:
-        raise ValueError(f"tp_degree={tp_degree}: valid degrees are {VALID_TP['inf2']} on inf2 and "
-                         f"{VALID_TP['trn1']} on trn1")
+    check_tp_degree(tp_degree, instance_family)
+    if speculation_length and batch_size != 1:
+        raise ValueError(f"speculation_length={speculation_length} with batch_size={batch_size}: speculative decoding "
+                         "with a draft model runs at batch_size=1 on both stacks (transformers-neuronx guide: "
+                         "'Speculative sampling is currently supported for batch size 1'; NxD Inference guide: "
+                         "'currently supports only batch sizes of 1'): set batch_size=1")
     tokens = tnx_token_buckets(n_positions)
     contexts = tnx_context_buckets(context_length_estimate, tokens)
     if contexts and max(contexts) > max(tokens):
@@ -400,10 +434,48 @@ def _build_nxdi(path: str, model_type: str, ns: NeuronSettings, compiled_dir: st
     if qpath and not os.path.exists(qpath):
         NeuronLlamaForCausalLM.save_quantized_state_dict(path, config)  # classmethod (application_base.py)
     model = NeuronLlamaForCausalLM(path, config)
-    if not os.path.exists(os.path.join(compiled_dir, "model.pt")):  # COMPILED_MODEL_FILE_NAME
+    if os.path.exists(os.path.join(compiled_dir, "model.pt")):  # COMPILED_MODEL_FILE_NAME
+        check_nxdi_compiled_dir(compiled_dir, ns.neuron_config, read_hf_config(path))
+    else:
         model.compile(compiled_dir)
     model.load(compiled_dir)
     return HuggingFaceGenerationAdapter(model)
+
+
+def _json_value(value):
+    """A NeuronConfig value as NxD Inference's config.save writes it (models/config.py to_dict): dtypes by
+    name, enums by value."""
+    if isinstance(value, torch.dtype):
+        return str(value).split(".")[1]
+    if isinstance(value, str) and value.startswith("torch."):
+        return value.split(".", 1)[1]
+    if isinstance(value, dict) and "_value_" in value:
+        return value["_value_"]
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def check_nxdi_compiled_dir(compiled_dir: str, neuron_config: dict, hf_config: dict) -> None:
+    """Refuse a ``compiled_dir`` that NxD Inference compiled for other settings or another model.
+    ``load(path)`` only needs ``model.pt`` to exist (application_base.py): it would load a folder compiled
+    with other buckets, batch, dtype or tp_degree without a word. ``compile(path)`` writes the settings it
+    compiled with to ``neuron_config.json`` (models/config.py InferenceConfig.save); compare them first."""
+    cfg_file = os.path.join(compiled_dir, "neuron_config.json")
+    if not os.path.exists(cfg_file):
+        raise ValueError(f"{compiled_dir} holds model.pt but no neuron_config.json, so what it was compiled for "
+                         "cannot be checked: use another compiled_dir, or delete this one to recompile")
+    saved = json.loads(Path(cfg_file).read_text())
+    saved_nc = saved.get("neuron_config", {})
+    diffs = [f"{k}: compiled {_json_value(saved_nc.get(k))!r}, requested {_json_value(v)!r}"
+             for k, v in neuron_config.items() if _json_value(saved_nc.get(k)) != _json_value(v)]
+    diffs += [f"{k}: compiled {saved.get(k)!r}, checkpoint {hf_config.get(k)!r}"
+              for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size")
+              if saved.get(k) != hf_config.get(k)]
+    if diffs:
+        raise ValueError(f"compiled_dir={compiled_dir} was compiled for other settings ({'; '.join(diffs)}); NxD "
+                         "Inference's load() would use it without checking. Pass another compiled_dir (or none: "
+                         "the default folder is keyed by every setting), or delete it to recompile")
 
 
 # ------------------------------------------------------------------------------ sampling
@@ -473,6 +545,59 @@ class _TnxCriteria(_RowStops):
         return bool(super().__call__(ids, scores).all())
 
 
+class _BlockStreamer:
+    """transformers-neuronx's SpeculativeGenerator puts the prompt, then the first token [B, 1], then each step's
+    accepted tokens as a zero-padded [B, k] block (speculation.py). Hand the wrapped streamer one [B, 1] token
+    at a time, as every other path does. (The library counts accepted tokens with count_nonzero, so it
+    itself cannot tell a padding 0 from token id 0.)"""
+
+    def __init__(self, inner):
+        self.inner, self.prompt_seen = inner, False
+
+    def put(self, value):
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        value = torch.as_tensor(value)
+        for j in range(int(torch.count_nonzero(value, dim=1).max())):
+            self.inner.put(value[:, j:j + 1])
+
+    def end(self):
+        self.inner.end()
+
+
+def greedy_token_acceptor():
+    """A transformers-neuronx ``TokenAcceptor`` for greedy speculation: keep the draft tokens while they equal
+    the target's argmax, then the target's own argmax (the 0.13 release ships only sampling acceptors)."""
+    from transformers_neuronx.speculation import TokenAcceptor
+
+    class GreedyTokenAcceptor(TokenAcceptor):
+        def __call__(self, draft_ids, draft_scores, target_scores):
+            # draft_ids [B, k-1], target_scores [B, k, vocab] -> accepted [B, k], zero-padded
+            target_ids = target_scores.argmax(dim=-1)
+            agree = (draft_ids == target_ids[:, :-1]).long().cumprod(dim=1).sum(dim=1)
+            keep = torch.arange(target_ids.shape[1])[None] <= agree[:, None]
+            return torch.where(keep, target_ids, torch.zeros_like(target_ids))
+
+    return GreedyTokenAcceptor()
+
+
+@contextlib.contextmanager
+def _model_eos(adapter, eos: list[int]):
+    """Switch EOS off for real on NxD Inference: transformers 4.57 ``generate`` fills a GenerationConfig's
+    ``eos_token_id=None`` back in from the model's own generation config (``_prepare_generation_config``), so
+    the adapter's config must say None too while this call runs."""
+    if eos:
+        yield
+        return
+    saved = adapter.generation_config.eos_token_id
+    adapter.generation_config.eos_token_id = None
+    try:
+        yield
+    finally:
+        adapter.generation_config.eos_token_id = saved
+
+
 class NeuronSampler:
     """``sample()`` with the reference engine's signature over either stack's model."""
 
@@ -500,12 +625,19 @@ class NeuronSampler:
         if output_logits:
             raise ValueError("output_logits is a reference-engine option: the Neuron sample loops do not return "
                              "logits (use the reference backend to inspect them)")
-        input_ids = torch.as_tensor(input_ids)
-        if input_ids.dim() == 1:
-            input_ids = input_ids[None]
+        validate_sampling_args(top_k, top_p, temperature)
+        input_ids = validate_input_ids(input_ids, int(self.hf_config["vocab_size"]))
         B, L = input_ids.shape
         if B != self.batch_size:
             raise ValueError(f"The model was compiled for batch_size={self.batch_size}, got {B} rows")
+        self._check_lengths(L, int(sequence_length))
+        if self.draft is not None and int(top_k) != 1:
+            raise ValueError(f"top_k={top_k} with a draft model: speculative decoding here is greedy only (top_k=1). "
+                             + ("transformers-neuronx's SpeculativeGenerator picks the first token greedily "
+                                "(speculation.py: select_tokens(target_scores), 'TODO add generation args')"
+                                if self.stack == "tnx" else
+                                "NxD Inference's assisted decoding takes the argmax of draft and target "
+                                "(utils/hf_adapter.py _standard_assisted_decoding) whatever do_sample says"))
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
             if start_ids is not None:
@@ -527,22 +659,36 @@ class NeuronSampler:
                       "token_times_s": list(tracker.times), "total_s": total, "pad_token_id": pad}
         return seq
 
+    def _check_lengths(self, prompt_len: int, sequence_length: int) -> None:
+        """Refuse, before the library runs, lengths the compiled graphs cannot take."""
+        if self.stack == "tnx":
+            positions = max(tnx_token_buckets(self.settings.model_kwargs["n_positions"]))
+        else:
+            positions = self.settings.neuron_config["seq_len"]
+        k = self.settings.speculation_length if self.draft is not None else 0
+        if prompt_len >= sequence_length:
+            raise ValueError(f"The prompt has {prompt_len} tokens and sequence_length={sequence_length} leaves no "
+                             "room to generate: sequence_length counts prompt + new tokens")
+        if sequence_length + k > positions:
+            extra = (f" + speculation_length {k} (the last verification writes k positions past the end)"
+                     if k else "")
+            raise ValueError(f"sequence_length={sequence_length}{extra} exceeds the compiled {positions} positions: "
+                             "lower sequence_length or rebuild with a larger n_positions")
+        if self.stack == "nxdi":
+            largest = self.settings.neuron_config["max_context_length"]
+            if prompt_len > largest:
+                raise ValueError(
+                    f"The prompt has {prompt_len} tokens but the largest NxD Inference context bucket is {largest}: "
+                    f"NxD Inference would raise 'Input len {prompt_len} exceeds largest bucket ({largest})' "
+                    "(transformers-neuronx instead encodes the rest token by token). Raise context_length_estimate "
+                    f"(its largest bucket) to at least {prompt_len}, or shorten the prompt")
+
     def _sample_tnx(self, input_ids, sequence_length, attention_mask, top_k, top_p, temperature, streamer,
                     criteria, eos, pad, t0):
         tracker = _TimingStreamer(streamer, t0)
         start_ids = start_ids_from_mask(attention_mask)
         if self.draft is not None:
-            from transformers_neuronx.speculation import SpeculativeGenerator
-
-            # Greedy draft + rejection sampling (speculation.py). Its streamer gets the prompt first, then
-            # [B, k] blocks; stopping criteria are not part of that loop.
-            if criteria is not None:
-                raise ValueError("stopping criteria are not supported by transformers-neuronx speculative sampling")
-            gen = SpeculativeGenerator(self.draft, self.model, k=self.settings.speculation_length)
-            seq = gen.sample(input_ids, sequence_length, start_ids=start_ids, eos_token_id=eos[0] if eos else None,
-                             pad_token_id=pad, attention_mask=attention_mask, streamer=tracker)
-            tracker.times = tracker.times[1:]  # the first put is the prompt
-            return seq, tracker, None
+            return self._speculate_tnx(input_ids, sequence_length, attention_mask, criteria, eos, pad, tracker)
         kwargs = dict(start_ids=start_ids, top_k=int(top_k), top_p=float(top_p),
                       temperature=float(temperature),  # an int temperature raises in sampling.py
                       streamer=tracker)
@@ -553,12 +699,42 @@ class NeuronSampler:
             stops = kwargs["stopping_criteria_list"] = _TnxCriteria(criteria, input_ids, tracker)
         return self.model.sample(input_ids, sequence_length, **kwargs), tracker, stops
 
+    def _speculate_tnx(self, input_ids, sequence_length, attention_mask, criteria, eos, pad, tracker):
+        """Greedy speculative decoding with transformers-neuronx's SpeculativeGenerator (speculation.py).
+
+        Its default acceptor (DefaultTokenAcceptor) is the rejection-sampling rule at temperature 1 over the
+        whole vocabulary: a greedy request would come back sampled. So a greedy acceptor is passed (the
+        library's TokenAcceptor interface). Batch 1 only (refused earlier); a left-padded row is passed
+        without its padding, and the padding is put back in front of the result."""
+        from transformers_neuronx.speculation import SpeculativeGenerator
+
+        if criteria is not None:
+            raise ValueError("stopping criteria are not part of transformers-neuronx's speculative loop "
+                             "(SpeculativeGenerator.sample has no stopping_criteria_list): drop them, or drop the draft")
+        n_pad = int(start_ids_from_mask(attention_mask)[0])
+        gen = SpeculativeGenerator(self.draft, self.model, k=self.settings.speculation_length,
+                                   acceptor=greedy_token_acceptor())
+        blocks = _BlockStreamer(tracker)
+        seq = gen.sample(input_ids[:, n_pad:], sequence_length - n_pad, eos_token_id=eos[0] if eos else None,
+                         pad_token_id=pad, streamer=blocks)
+        return torch.cat([input_ids[:, :n_pad], seq], dim=1), tracker, None
+
     def _sample_nxdi(self, input_ids, sequence_length, attention_mask, top_k, top_p, temperature, streamer,
                      criteria, eos, pad, t0):
         from transformers import GenerationConfig, StoppingCriteriaList
 
         ids, mask = left_to_right_padding(input_ids, attention_mask, pad)
-        common = dict(max_length=sequence_length, eos_token_id=eos or None, pad_token_id=pad)
+        max_length = sequence_length
+        if self.draft is not None:
+            if not eos:
+                raise ValueError("EOS cannot be switched off for NxD Inference speculation: its assisted decoding "
+                                 "compares every token with eos_token_id (utils/hf_adapter.py "
+                                 "_standard_assisted_decoding); drop eos_token_override=[] or the draft")
+            # The assisted loop stops once fewer than speculation_length positions remain (hf_adapter.py: "If
+            # the rest length is smaller than speculation length ... break"): ask for k - 1 more (checked to fit
+            # by _check_lengths) and cut back to sequence_length.
+            max_length = sequence_length + self.settings.speculation_length - 1
+        common = dict(max_length=max_length, eos_token_id=eos or None, pad_token_id=pad)
         if int(top_k) == 1 or self.draft is not None:
             gen_cfg = GenerationConfig(do_sample=False, **common)
         else:
@@ -574,8 +750,9 @@ class NeuronSampler:
             # Unfused speculation as utils/accuracy.py get_generate_outputs_from_token_ids does it.
             self.draft.generation_config.update(num_assistant_tokens=self.settings.speculation_length)
             kwargs["assistant_model"] = self.draft
-        out = self.model.generate(ids, **kwargs)
-        new = out[:, ids.shape[1]:]
+        with _model_eos(self.model, eos):
+            out = self.model.generate(ids, **kwargs)
+        new = out[:, ids.shape[1]:sequence_length]
         tracker = _TimingStreamer(streamer, t0)
         for j in range(new.shape[1]):  # emitted only now: NxDI drives no per-token streamer
             tracker.put(new[:, j:j + 1])
@@ -635,11 +812,10 @@ def neuron_runtime_env(visible_cores=None, num_cores: int | None = None, omp_thr
         raise ValueError("set visible_cores or num_cores, not both (NEURON_RT_VISIBLE_CORES already fixes the count)")
     if visible_cores is not None:
         cores = _core_list(visible_cores)
-        if not cores or len(set(cores)) != len(cores):
-            raise ValueError(f"visible_cores={visible_cores!r}: give distinct core indices")
-        contiguous = cores == list(range(cores[0], cores[0] + len(cores)))
-        env["NEURON_RT_VISIBLE_CORES"] = (f"{cores[0]}-{cores[-1]}" if contiguous and len(cores) > 1
-                                          else ",".join(map(str, cores)))
+        if not cores or cores != list(range(cores[0], cores[0] + len(cores))):
+            raise ValueError(f"visible_cores={visible_cores!r}: the Neuron runtime takes a contiguous, increasing "
+                             "range of NeuronCores (e.g. '0-1' or '2-3'), not gaps or a reordered list")
+        env["NEURON_RT_VISIBLE_CORES"] = f"{cores[0]}-{cores[-1]}" if len(cores) > 1 else str(cores[0])
     if num_cores is not None:
         if int(num_cores) < 1:
             raise ValueError("num_cores must be >= 1")
@@ -676,7 +852,9 @@ def check_visible_cores(tp_degree: int, environ=None) -> None:
     """Refuse, before any compile, a tp_degree larger than the cores this process may use."""
     environ = os.environ if environ is None else environ
     if "NEURON_RT_VISIBLE_CORES" in environ:
-        n = len(_core_list(environ["NEURON_RT_VISIBLE_CORES"]))
+        cores = environ["NEURON_RT_VISIBLE_CORES"]
+        neuron_runtime_env(visible_cores=cores)  # refuses gaps and reordered lists
+        n = len(_core_list(cores))
     elif "NEURON_RT_NUM_CORES" in environ:
         n = int(environ["NEURON_RT_NUM_CORES"])
     else:

@@ -19,6 +19,27 @@ def validate_sampling_args(top_k, top_p, temperature) -> None:
         raise ValueError(f"temperature={temperature!r}: must be > 0 (use top_k=1 for greedy)")
 
 
+def validate_input_ids(input_ids, vocab_size: int) -> torch.Tensor:
+    """The prompt as a [B, L] int64 tensor, or a refusal that names the fix: float ids, an empty prompt or an
+    id outside the vocabulary would otherwise fail deep inside torch (or, on Neuron, inside a compiled graph)."""
+    ids = torch.as_tensor(input_ids)
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(f"input_ids has dtype {ids.dtype}: token ids are integers (pass the tokenizer's "
+                         "input_ids, or .long() them)")
+    if ids.dim() == 1:
+        ids = ids[None]
+    if ids.dim() != 2:
+        raise ValueError(f"input_ids has shape {tuple(ids.shape)}: pass [batch, length] (or [length])")
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise ValueError(f"input_ids has shape {tuple(ids.shape)}: the prompt is empty; give every row at least one "
+                         "token (e.g. the BOS token or a chat template)")
+    bad = (ids < 0) | (ids >= vocab_size)
+    if bool(bad.any()):
+        raise ValueError(f"input_ids holds token id {int(ids[bad][0])} outside the vocabulary [0, {vocab_size}): "
+                         "was the prompt encoded with this model's tokenizer?")
+    return ids.long()
+
+
 def warpers(top_k: int, top_p: float, temperature: float) -> LogitsProcessorList:
     procs = LogitsProcessorList()
     if float(temperature) != 1.0:

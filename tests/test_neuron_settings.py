@@ -65,6 +65,11 @@ def test_nxdi_gqa_choice_is_reported_not_dropped():
                   quantized_checkpoints_path="q"), ValueError, "direct_cast"),
     ("tnx", dict(nxdi_overrides={"seq_len": 64}), ValueError, "nxdi_overrides"),
     ("tnx", dict(tp_degree=3), ValueError, "tp_degree=3"),
+    ("tnx", dict(tp_degree=16, instance_family="inf2"), ValueError, "does not run on inf2"),
+    ("nxdi", dict(tp_degree=24, instance_family="trn1"), ValueError, "does not run on trn1"),
+    ("tnx", dict(tp_degree=4, instance_family="trn2"), ValueError, "instance_family"),
+    ("tnx", dict(batch_size=2, speculation_length=3), ValueError, "batch_size=1"),
+    ("nxdi", dict(batch_size=4, speculation_length=2), ValueError, "batch_size=1"),
     ("tnx", dict(amp="fp16"), ValueError, "amp"),
     ("tnx", dict(n_positions=256, context_length_estimate=512), ValueError, "cannot be more than"),
     ("tnx", dict(device="cuda"), ValueError, "reference-engine"),
@@ -126,7 +131,10 @@ def test_finish_rows_pads_after_eos_or_criterion():
 def test_runtime_env():
     assert neuron.neuron_runtime_env(visible_cores=[0, 1], omp_threads=8, compile_cache="/cache") == {
         "NEURON_RT_VISIBLE_CORES": "0-1", "OMP_NUM_THREADS": "8", "NEURON_COMPILE_CACHE_URL": "/cache"}
-    assert neuron.neuron_runtime_env(visible_cores="0,2")["NEURON_RT_VISIBLE_CORES"] == "0,2"
+    assert neuron.neuron_runtime_env(visible_cores="2,3")["NEURON_RT_VISIBLE_CORES"] == "2-3"
+    for gaps_or_reordered in ("0,2", "1,0", [3, 2], "0-1,3"):
+        with pytest.raises(ValueError, match="contiguous, increasing"):
+            neuron.neuron_runtime_env(visible_cores=gaps_or_reordered)
     assert neuron.neuron_runtime_env(num_cores=2) == {"NEURON_RT_NUM_CORES": "2"}
     assert neuron.omp_threads_for(4, host_cpus=192) == 48
     with pytest.raises(ValueError, match="not both"):
@@ -147,3 +155,68 @@ def test_configure_and_check_cores(monkeypatch):
     with pytest.raises(ValueError, match="tp_degree=8"):
         neuron.check_visible_cores(8)
     neuron.check_visible_cores(8, environ={})  # nothing set: all cores visible
+    with pytest.raises(ValueError, match="contiguous"):
+        neuron.check_visible_cores(2, environ={"NEURON_RT_VISIBLE_CORES": "1,0"})
+
+
+@pytest.mark.parametrize("family,valid,invalid", [("inf2", [1, 2, 4, 8, 24], [16, 32]),
+                                                  ("trn1", [1, 2, 8, 16, 32], [4, 24])])
+def test_tp_degree_per_instance_family(tmp_path, family, valid, invalid):
+    dmi = tmp_path / "product_name"
+    dmi.write_text(f"{family}.xlarge\n")
+    assert neuron.detect_instance_family(str(dmi)) == family
+    for tp in valid:
+        neuron.check_tp_degree(tp, family)
+    for tp in invalid:
+        with pytest.raises(ValueError, match=f"does not run on {family}"):
+            neuron.check_tp_degree(tp, family)
+
+
+def test_tp_degree_with_unknown_family(monkeypatch):
+    monkeypatch.setattr(neuron, "detect_instance_family", lambda: None)
+    for tp in (1, 2, 8):  # valid on both families
+        neuron.check_tp_degree(tp)
+    with pytest.raises(ValueError, match="inf2 only: pass instance_family='inf2'"):
+        neuron.check_tp_degree(24)
+    with pytest.raises(ValueError, match="trn1 only"):
+        neuron.check_tp_degree(16)
+
+
+def _nxdi_compiled(tmp_path, **neuron_config):
+    d = tmp_path / "compiled"
+    d.mkdir()
+    (d / "model.pt").write_bytes(b"")
+    hf = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+          "vocab_size": 49152}
+    (d / "neuron_config.json").write_text(json.dumps({**hf, "neuron_config": neuron_config}))
+    return str(d), hf
+
+
+def test_nxdi_compiled_dir_must_match(tmp_path):
+    ns = neuron.neuron_settings("nxdi", n_positions=256, amp="bf16").neuron_config
+    saved = {**ns, "torch_dtype": "bfloat16"}
+    d, hf = _nxdi_compiled(tmp_path, **saved)
+    neuron.check_nxdi_compiled_dir(d, ns, hf)  # the same settings load
+    other = neuron.neuron_settings("nxdi", n_positions=512, amp="bf16").neuron_config
+    with pytest.raises(ValueError, match="seq_len: compiled 256, requested 512"):
+        neuron.check_nxdi_compiled_dir(d, other, hf)
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        neuron.check_nxdi_compiled_dir(d, ns, {**hf, "num_hidden_layers": 4})
+    (tmp_path / "compiled" / "neuron_config.json").unlink()
+    with pytest.raises(ValueError, match="no neuron_config.json"):
+        neuron.check_nxdi_compiled_dir(d, ns, hf)
+
+
+@pytest.mark.parametrize("ids,match", [
+    (torch.tensor([[1.0, 2.0]]), "dtype"),
+    (torch.zeros(1, 0, dtype=torch.long), "empty"),
+    (torch.tensor([[5, 49152]]), "outside the vocabulary"),
+    (torch.tensor([[-1, 3]]), "outside the vocabulary"),
+    (torch.zeros(1, 2, 3, dtype=torch.long), "shape"),
+])
+def test_bad_input_ids_are_refused(ids, match):
+    from helpers.sampling import validate_input_ids
+
+    with pytest.raises(ValueError, match=match):
+        validate_input_ids(ids, 49152)
+    assert validate_input_ids(torch.tensor([3, 4], dtype=torch.int32), 49152).dtype == torch.long
