@@ -10,7 +10,7 @@
 # It builds .venv-neuron-<stack> from requirements-neuron-<stack>.txt without the packages that exist only
 # on the Neuron index (the SDK itself: compiler, runtime, the two libraries), with the CPU torch of
 # requirements.txt, and installs the stand-ins in their place. Then: the embedded model is converted once
-# under the pinned transformers (python -m helpers.model_store, as docs/inf2.md does on an instance), the
+# under the pinned transformers (as python -m helpers.model_store does on an instance, docs/inf2.md), the
 # contract and stand-in tests of the stack run, and ci/run_notebooks.py runs all notebooks with
 # ci/params/inf2-<stack>.yaml overlaid with ci/params/neuron-sim.yaml (the smallest values that still run
 # every cell).
@@ -47,8 +47,9 @@ if [ "$SETUP_ONLY" = 1 ]; then exit 0; fi
 # The model store under the pinned transformers: a fresh conversion, then the shared cached checkpoint.
 FRESH=$(mktemp -d)
 trap 'rm -rf "$FRESH"' EXIT
-NEURON_NB_CACHE="$FRESH" "$VENV/bin/python" -m helpers.model_store
-"$VENV/bin/python" -m helpers.model_store
+PREPARE="from helpers.model_store import resolve_model_path; print(resolve_model_path(None))"
+NEURON_NB_CACHE="$FRESH" "$VENV/bin/python" -c "$PREPARE"
+"$VENV/bin/python" -c "$PREPARE"
 
 "$VENV/bin/python" -m pytest tests/contract -q -ra -p no:cacheprovider -k "$STACK or not (tnx or nxdi)"
 exec "$VENV/bin/python" ci/run_notebooks.py --params "ci/params/inf2-$STACK.yaml" --params ci/params/neuron-sim.yaml \

@@ -87,8 +87,10 @@ def portable_tokenizer(path: Path) -> bool:
         return False
     cfg = json.loads(cfg_file.read_text())
     new = dict(cfg)
-    if new.get("tokenizer_class") == "TokenizersBackend":
+    if new.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):
         new["tokenizer_class"] = "PreTrainedTokenizerFast"
+        # ...whose default inputs include token_type_ids, which a Llama's generate() refuses
+        new.setdefault("model_input_names", ["input_ids", "attention_mask"])
     jinja = path / "chat_template.jinja"
     if jinja.is_file() and "chat_template" not in new:
         new["chat_template"] = jinja.read_text()
