@@ -87,6 +87,15 @@ def test_engine_call_errors_name_the_fix(tmp_path):
     bad_mask[0, -1] = 0
     with pytest.raises(ValueError, match="pad on the left"):
         model.sample(ids, 16, attention_mask=bad_mask)
+    # inputs that used to fail deep inside torch (IndexError, AttributeError, RuntimeError)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model.sample(torch.full((2, 8), 256), 16)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        model.sample(torch.zeros(2, 0, dtype=torch.long), 16)
+    with pytest.raises(ValueError, match="dtype torch.float32"):
+        model.sample(ids.float(), 16)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model.forward(torch.full((2, 8), 300))
 
 
 def test_per_row_stopping_pads_finished_rows(tmp_path):
