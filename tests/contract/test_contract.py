@@ -158,6 +158,21 @@ def test_entry_point_rows_stop_one_by_one(stack, contract):
     assert out[0, 6:].tolist() == [0, 0, 0] and (out[1, 4:] != 0).all()
 
 
+@pytest.mark.parametrize("stack", harness.STACKS)
+def test_entry_point_refuses_bad_inputs_before_the_library(stack, contract):
+    model = _build(stack, batch_size=1, n_positions=128, tp_degree=1)
+    calls = len(contract.CALLS)
+    for ids, match in [(torch.full((1, 4), 49152), "outside the vocabulary"), (torch.zeros(1, 0, dtype=torch.long),
+                       "prompt is empty"), (torch.ones(1, 4), "dtype"), (torch.ones(1, 4, dtype=torch.long), None)]:
+        if match is None:  # lengths the compiled graphs cannot take
+            with pytest.raises(ValueError, match="exceeds the compiled 128 positions"):
+                model.sample(ids, 129, top_k=1)
+            continue
+        with pytest.raises(ValueError, match=match):
+            model.sample(ids, 10, top_k=1)
+    assert len(contract.CALLS) == calls, "the library was called with an input the adapter must refuse"
+
+
 def test_entry_point_refuses_mistral_on_nxdi(contract, tmp_path):
     import json
     import shutil
