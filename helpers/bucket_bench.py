@@ -3,7 +3,10 @@ latency per KV position, and the build cost of each graph.
 
 Timings come from a :class:`~helpers.streaming.TimingStreamer` (one ``put`` per generated token),
 so they work with any model that has transformers-neuronx's ``sample()``: the reference engine
-and ``LlamaForSampling`` on Neuron. ``eos_token_override=NO_EOS`` (an id no token has) keeps a
+and ``LlamaForSampling`` on Neuron. NxD Inference's generate adapter hands the streamer every token only
+after ``generate`` returns (``stats['ttft_s']`` is None): there TTFT is the time of a one-token generation
+and per-step latency comes from whole generations timed to each token-bucket boundary
+(:func:`profile_from_totals`). ``eos_token_override=NO_EOS`` (an id no token has) keeps a
 generation from stopping early on both (transformers-neuronx indexes ``eos_token_id[0]``, so an
 empty list would fail there)."""
 from __future__ import annotations
@@ -67,14 +70,44 @@ def step_latency(model, prompt_len: int, new_tokens: int, batch: int = 1, vocab:
     return float(np.median(decode_profile(model, prompt_len, new_tokens, batch, vocab)[1]))
 
 
-def decode_profile(model, prompt_len: int, new_tokens: int, batch: int = 1, vocab: int = 32000):
+def has_token_times(model) -> bool:
+    """Whether the model's last ``sample()`` timed each token as it was produced (the reference engine and
+    transformers-neuronx do; NxD Inference's adapter does not: its ``stats['ttft_s']`` is None)."""
+    return model.stats.get("ttft_s") is not None
+
+
+def decode_profile(model, prompt_len: int, new_tokens: int, batch: int = 1, vocab: int = 32000, buckets=()):
     """One long greedy generation: (KV length of each decode step, its latency in s).
 
     Step i (i >= 1) produces token i from cache slot ``prompt_len + i - 1``, attending over
-    ``prompt_len + i`` positions; its latency is the gap between tokens i-1 and i.
+    ``prompt_len + i`` positions; its latency is the gap between tokens i-1 and i. Without per-token
+    times the latency is the mean over the steps between two token-bucket boundaries (``buckets``).
     """
-    t = np.asarray(timed_sample(model, random_prompt(prompt_len, batch, vocab, seed=1), prompt_len + int(new_tokens)))
-    return prompt_len + np.arange(1, len(t)), np.diff(t)
+    ids = random_prompt(prompt_len, batch, vocab, seed=1)
+    t = np.asarray(timed_sample(model, ids, prompt_len + int(new_tokens)))
+    if has_token_times(model):
+        return prompt_len + np.arange(1, len(t)), np.diff(t)
+    return profile_from_totals(model, ids, int(new_tokens), buckets)
+
+
+def profile_from_totals(model, input_ids, new_tokens: int, buckets=()):
+    """(KV lengths, step latencies) of a generation of ``new_tokens`` from whole generations only: one stopping
+    after each token-bucket boundary and one to the end, each timed by ``stats['total_s']``. The difference
+    of two totals over the steps between them is the mean step latency there (each stretch lies in one
+    bucket); the prompt encoding cancels out."""
+    L = input_ids.shape[1]
+    cuts = sorted({1, int(new_tokens)} | {int(b) - L + 1 for b in buckets if 1 < int(b) - L + 1 < new_tokens})
+    totals = []
+    for c in cuts:
+        model.sample(input_ids, L + c, top_k=1, eos_token_override=NO_EOS)
+        if model.stats["new_tokens"] != c:
+            raise RuntimeError(f"asked for {c} new tokens, got {model.stats['new_tokens']}: the generation stopped early")
+        totals.append(model.stats["total_s"])
+    kv, lat = [], []
+    for (c0, t0), (c1, t1) in zip(zip(cuts, totals), zip(cuts[1:], totals[1:])):
+        kv += range(L + c0, L + c1)
+        lat += [(t1 - t0) / (c1 - c0)] * (c1 - c0)
+    return np.asarray(kv, dtype=np.int64), np.asarray(lat, dtype=np.float64)
 
 
 def median_by_bucket(kv_lengths, latencies, buckets) -> dict[int, float]:

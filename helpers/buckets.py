@@ -72,6 +72,34 @@ def nxdi_select(buckets: Sequence[int], input_len: int, tag: str, allow_input_tr
     raise BucketOverflowError(f"Input len {input_len} exceeds largest bucket ({largest}) for {tag}")
 
 
+def nxdi_context_buckets(context_length_estimate, token_buckets: Sequence[int], longest_prompt: int) -> list[int]:
+    """Context buckets to compile on NxD Inference so that a prompt of ``longest_prompt`` tokens runs.
+
+    NxD Inference runs a prompt in the first context bucket longer than it (the largest when equal) and
+    raises "Input len N exceeds largest bucket" beyond that: no token-by-token continuation as in
+    transformers-neuronx. ``None`` (transformers-neuronx's default, half of each token bucket, which stops at
+    half of n_positions) gives NxD Inference's own default instead, ``generate_buckets(128, seq_len)``: the
+    list it builds itself when ``max_context_length`` is ``seq_len``. An explicit value (int or list, as
+    ``context_length_estimate``) is kept when it holds the prompt and refused otherwise, naming the fix."""
+    tokens = sorted(int(t) for t in token_buckets)
+    longest = int(longest_prompt)
+    default = nxdi_generate_buckets(min(128, tokens[-1]), tokens[-1])
+    if longest >= tokens[-1]:
+        raise ValueError(f"a prompt of {longest} tokens leaves no room to generate within n_positions={tokens[-1]}: "
+                         "raise n_positions or shorten the prompt")
+    buckets = default if context_length_estimate is None else tnx_context_buckets(context_length_estimate, tokens)
+    if not buckets:
+        raise ValueError(f"context_length_estimate={context_length_estimate!r} gives no context bucket: NxD Inference "
+                         f"always encodes the prompt with a context-encoding model; use None (its default {default})")
+    try:
+        nxdi_select(buckets, longest, CONTEXT_ENCODING_MODEL_TAG)
+    except BucketOverflowError as e:
+        raise ValueError(f"{e}: NxD Inference refuses a prompt longer than its largest context bucket. Add a bucket "
+                         f">= {longest} (and <= n_positions {tokens[-1]}) to context_length_estimate="
+                         f"{context_length_estimate!r}, or set it to None for NxD Inference's default {default}") from None
+    return buckets
+
+
 @dataclass
 class NxDIBucketing:
     """NxD Inference's bucketing keywords (its ``NeuronConfig`` names) for the reference engine.

@@ -1,9 +1,11 @@
 """The measurement helpers of notebook 07 on the reference engine."""
 import numpy as np
+import torch
 import pytest
 
 import helpers
 from helpers import bucket_bench as bb
+from helpers.buckets import tnx_find
 
 
 @pytest.fixture(scope="module")
@@ -38,3 +40,48 @@ def test_truncated_normal_lengths():
     assert x.min() >= 1 and x.max() <= 2047 and abs(np.median(x) - 1500) < 30
     assert np.mean(np.abs(x - 1500) <= 500) > 0.93  # spread = ~2 standard deviations
     assert np.array_equal(x, bb.truncated_normal_lengths(1500, 500, 4000, 1, 2047, seed=0))
+
+
+class PostHocModel:
+    """Like NxD Inference's adapter: the streamer gets every token after the generation, ``ttft_s`` is None;
+    ``total_s`` follows a cost model (prefill, then a step cost per KV length from its token bucket)."""
+
+    def __init__(self, buckets, step_cost):
+        self.buckets, self.step_cost, self.stats = buckets, step_cost, {}
+
+    def sample(self, input_ids, sequence_length, top_k=1, eos_token_override=None, streamer=None):
+        L = input_ids.shape[1]
+        n = sequence_length - L
+        total = 5.0 + sum(self.step_cost[tnx_find(self.buckets, L + i)] for i in range(1, n))
+        new = torch.full((input_ids.shape[0], n), 7)
+        if streamer is not None:
+            for j in range(n):
+                streamer.put(new[:, j:j + 1])
+            streamer.end()
+        self.stats = {"ttft_s": None, "total_s": total, "new_tokens": n, "token_times_s": []}
+        return torch.cat([input_ids, new], dim=1)
+
+
+def test_decode_profile_without_per_token_times():
+    m = PostHocModel([128, 256, 384], {128: 1.0, 256: 2.0, 384: 4.0})
+    kv, lat = bb.decode_profile(m, 40, 250, buckets=[128, 256, 384])
+    assert kv.tolist() == list(range(41, 290))  # as the per-token path: steps 1..249
+    assert not bb.has_token_times(m)
+    assert bb.median_by_bucket(kv, lat, [128, 256, 384]) == {128: 1.0, 256: 2.0, 384: 4.0}
+    expected = [m.step_cost[tnx_find([128, 256, 384], int(n))] for n in kv]
+    assert np.allclose(lat, expected)  # each stretch between boundaries lies in one bucket
+    kv1, lat1 = bb.decode_profile(m, 40, 250)  # no buckets: one mean over every step
+    assert np.allclose(lat1, lat.mean()) and len(lat1) == 249
+
+
+def test_profile_from_totals_refuses_an_early_stop():
+    m = PostHocModel([128], {128: 1.0})
+    real = m.sample
+    m.sample = lambda ids, n, **kw: real(ids, n - 1, **kw) if n - ids.shape[1] > 1 else real(ids, n, **kw)
+    with pytest.raises(RuntimeError, match="stopped early"):
+        bb.profile_from_totals(m, torch.zeros(1, 10, dtype=torch.long), 20, [128])
+
+
+def test_reference_engine_has_token_times(model):
+    bb.timed_sample(model, bb.random_prompt(10), 12)
+    assert bb.has_token_times(model)

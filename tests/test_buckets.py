@@ -108,3 +108,30 @@ def test_engine_refuses_bad_bucket_settings():
     with pytest.raises(ValueError, match="drop context_length_estimate"):
         NeuronModel.from_pretrained(None, n_positions=256, context_length_estimate=128,
                                     nxdi_bucketing=bk.NxDIBucketing())
+
+
+# ------------------------------------------------------------------ context buckets that hold a prompt on NxDI
+@pytest.mark.parametrize("cle, tokens, longest, expected", [
+    (None, [128, 256, 512, 1024, 2048], 1300, [128, 256, 512, 1024, 2048]),  # tnx default stops at 1024
+    (None, [128, 256, 384], 250, [128, 256, 384]),
+    (None, [100], 50, [100]),
+    ([64, 512, 2048], [128, 256, 512, 1024, 2048], 1300, [64, 512, 2048]),  # an explicit list that holds it
+    ([64, 1300], [2048], 1300, [64, 1300]),  # equal to the largest: runs there
+    (1500, [2048], 1300, [1500]),
+])
+def test_nxdi_context_buckets_hold_the_longest_prompt(cle, tokens, longest, expected):
+    buckets = bk.nxdi_context_buckets(cle, tokens, longest)
+    assert buckets == expected
+    assert bk.nxdi_select(buckets, longest, "context_encoding_model") >= longest
+
+
+@pytest.mark.parametrize("cle, longest", [([64, 128, 1024], 1300), (1024, 1300), ([64, 1300], 1301)])
+def test_nxdi_context_buckets_refuse_a_list_too_short(cle, longest):
+    with pytest.raises(ValueError, match=rf"Input len {longest} exceeds largest bucket.*>= {longest}.*None"):
+        bk.nxdi_context_buckets(cle, [128, 256, 512, 1024, 2048], longest)
+
+
+@pytest.mark.parametrize("cle, longest, match", [(0, 10, "no context bucket"), (None, 2048, "no room")])
+def test_nxdi_context_buckets_refuse_impossible_settings(cle, longest, match):
+    with pytest.raises(ValueError, match=match):
+        bk.nxdi_context_buckets(cle, [128, 256, 512, 1024, 2048], longest)
