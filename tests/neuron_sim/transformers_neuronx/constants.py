@@ -1,4 +1,5 @@
-"""transformers_neuronx/constants.py: enums and constants (values as in v0.13.0)."""
+"""Stand-in of ``src/transformers_neuronx/constants.py`` at aws-neuron/transformers-neuronx v0.13.0 (commit f4e3818):
+enums and constants (the ones the stand-in uses), values as in the source."""
 import enum
 
 TILE_SIZE = 128

@@ -1,4 +1,5 @@
-"""transformers_neuronx/generation_utils.py (v0.13.0): only the constructor is transcribed."""
+"""Stand-in of ``src/transformers_neuronx/generation_utils.py`` at aws-neuron/transformers-neuronx v0.13.0
+(commit f4e3818): only the constructor is transcribed (``generate`` raises ContractError)."""
 import _neuron_contract as contract
 
 
