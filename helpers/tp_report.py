@@ -73,6 +73,69 @@ def run_generation(bk, model_path, tp: int, enc, max_new_tokens: int, repeats: i
             model.close()
 
 
+def neuron_tp_degrees(tp_degrees, instance_family: str | None = None) -> tuple[list[int], dict[int, str]]:
+    """The degrees the Neuron runtime runs on this instance family (``helpers.neuron.check_tp_degree``),
+    and for each other one the reason it is left out."""
+    from .neuron import check_tp_degree
+
+    ok, skipped = [], {}
+    for tp in tp_degrees:
+        try:
+            check_tp_degree(int(tp), instance_family)
+            ok.append(int(tp))
+        except ValueError as e:
+            skipped[int(tp)] = str(e)
+    return ok, skipped
+
+
+def run_greedy(bk, model_path, tp: int, enc, max_new_tokens: int, repeats: int = 1, **settings) -> dict:
+    """Build at ``tp`` with ``helpers.build_model`` on any backend (the Neuron libraries included) and generate
+    greedily, ``repeats`` timed runs. Only what ``sample()`` and its ``stats`` give: the tokens, the median
+    inter-token latency and TTFT (None where the library times no token: NxD Inference's adapter), and the
+    median wall time per new token, prompt encoding included."""
+    model = build_model(bk, model_path, tp_degree=tp, **settings)
+    try:
+        ids, mask = enc.input_ids, enc.attention_mask
+        tokens, itls, ttfts, per_token = None, [], [], []
+        for _ in range(max(1, repeats)):
+            tokens = model.sample(ids, ids.shape[1] + max_new_tokens, top_k=1, attention_mask=mask)
+            st = model.stats
+            per_token.append(st["total_s"] / max(1, st["new_tokens"]))
+            t = st.get("token_times_s") or []
+            if len(t) > 1:
+                itls.append(statistics.median(b - a for a, b in zip(t, t[1:])))
+            if st.get("ttft_s") is not None:
+                ttfts.append(st["ttft_s"])
+        return {"tp": tp, "tokens": tokens, "itl_s": statistics.median(itls) if itls else None,
+                "ttft_s": statistics.median(ttfts) if ttfts else None, "s_per_token": statistics.median(per_token),
+                "build_s": getattr(model, "build_s", None)}
+    finally:
+        if hasattr(model, "close"):
+            model.close()
+
+
+def latency_summary(runs: dict) -> dict:
+    """Per tp, ms per token: the inter-token latency when every run timed its tokens, else the wall time per new
+    token with the prompt included (NxD Inference's adapter times no single token); ``key`` names it in the
+    metrics. ``comm_ms``: the collectives' estimated share (all-reduce latency x count), only for reference-engine
+    runs that measured it (tp=1 has none: 0)."""
+    timed = all(r.get("itl_s") is not None for r in runs.values())
+    ms = {tp: 1e3 * (r["itl_s"] if timed else r["s_per_token"]) for tp, r in runs.items()}
+    measured = any("all_reduce_s" in r for r in runs.values())
+    comm = {tp: 1e3 * r.get("all_reduce_s", 0.0) * r.get("collectives_per_step", 0) for tp, r in runs.items()}
+    return {"ms": ms, "comm_ms": comm if measured else {}, "key": "itl_ms" if timed else "ms_per_token",
+            "what": "inter-token latency" if timed else "wall time per new token, prompt included"}
+
+
+def token_agreement(tokens, reference) -> dict:
+    """Greedy tokens only (no logits): identical, and for how many leading positions every row agrees
+    (compared over the shorter of the two: a run that stopped at EOS is shorter)."""
+    n = min(tokens.shape[1], reference.shape[1])
+    same_cols = (tokens[:, :n] == reference[:, :n]).all(0).long()
+    return {"tokens_equal": bool(torch.equal(tokens, reference)), "agree_positions": int(same_cols.cumprod(0).sum()),
+            "compared_positions": n}
+
+
 def device_weight_bytes(rank: dict) -> int:
     """A rank's weights as a NeuronCore holds them with transformers-neuronx: without the embedding (host),
     with the LM head shard (the embedding itself when tied and unsharded)."""
@@ -124,6 +187,48 @@ def strategy_sweep(bk, model_path, tp_degrees, batch_sizes, encode, max_new_toke
         cmp = compare(res, refs[b])
         built[key] = {**cmp, "rank_kv_bytes": [r["kv_bytes"] for r in res["ranks"]],
                       "kv_cache_shape": res["ranks"][0]["kv_cache_shape"], "first": f"{label(req)}@tp{tp}b{b}"}
+        rows.append({**row, **built[key], "status": "ok", "built": "yes"})
+    return rows
+
+
+def library_sweep(bk, model_path, tp_degrees, batch_sizes, encode, max_new_tokens: int, extra_cases=(),
+                  **settings) -> list[dict]:
+    """:func:`strategy_sweep` on a Neuron library (``bk.stack``). Requests: transformers-neuronx's default and its
+    four GQA values; NxD Inference has no knob, so its own choice only. A request that ``helpers.gqa`` (the
+    libraries' fallback rules) says cannot be built is refused up front; the others are built once per
+    distinct layout with ``helpers.build_model`` and compared by greedy tokens (``sample()`` returns no logits)
+    with the tp=1 default run of the same batch."""
+    from .model_store import load_config
+
+    a = Shape.from_config(load_config(model_path))
+    tnx = bk.stack == "tnx"
+    cases = [(tp, b, r) for b in batch_sizes for tp in tp_degrees for r in (TNX_REQUESTS if tnx else (None,))]
+    cases += list(extra_cases) if tnx else []
+    refs, built, rows = {}, {}, []
+    for tp, b, req in cases:
+        enc = encode(b)
+        if b not in refs:
+            refs[b] = run_greedy(bk, model_path, 1, enc, max_new_tokens, batch_size=b, **settings)["tokens"]
+            base = library_default(bk.stack, a.heads, a.kv_heads, a.head_dim, 1, b)
+            built[(1, b, base.q_heads, base.kv_heads, base.kv_mode)] = {
+                **token_agreement(refs[b], refs[b]), "first": f"default@tp1b{b}"}
+        row = {"tp": tp, "batch": b, "requested": label(req) if tnx else "nxdi: no knob"}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                layout = (resolve_layout(a.heads, a.kv_heads, a.head_dim, tp, b, req) if tnx
+                          else library_default("nxdi", a.heads, a.kv_heads, a.head_dim, tp, b))
+            except ValueError as e:
+                rows.append({**row, "status": "rejected", "detail": str(e)})
+                continue
+        key = (tp, b, layout.q_heads, layout.kv_heads, layout.kv_mode)
+        row.update(resolved=layout.name, kv_mode=layout.kv_mode, fallback=[str(w.message) for w in caught])
+        if key in built:
+            rows.append({**row, **built[key], "status": "ok", "built": f"same layout as {built[key]['first']}"})
+            continue
+        gqa = {} if req is None else {"neuron_config": NeuronConfig(group_query_attention=req)}
+        res = run_greedy(bk, model_path, tp, enc, max_new_tokens, batch_size=b, **gqa, **settings)
+        built[key] = {**token_agreement(res["tokens"], refs[b]), "first": f"{row['requested']}@tp{tp}b{b}"}
         rows.append({**row, **built[key], "status": "ok", "built": "yes"})
     return rows
 
