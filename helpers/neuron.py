@@ -547,12 +547,13 @@ class _TnxCriteria(_RowStops):
 
 class _BlockStreamer:
     """transformers-neuronx's SpeculativeGenerator puts the prompt, then the first token [B, 1], then each step's
-    accepted tokens as a zero-padded [B, k] block (speculation.py). Hand the wrapped streamer one [B, 1] token
-    at a time, as every other path does. (The library counts accepted tokens with count_nonzero, so it
-    itself cannot tell a padding 0 from token id 0.)"""
+    accepted tokens as a zero-padded [B, k] block (speculation.py), the last one possibly past
+    ``sequence_length`` (the returned ids are cut there). Hand the wrapped streamer one [B, 1] token at a time,
+    at most ``limit`` of them, as every other path does. (The library counts accepted tokens with
+    count_nonzero, so it itself cannot tell a padding 0 from token id 0.)"""
 
-    def __init__(self, inner):
-        self.inner, self.prompt_seen = inner, False
+    def __init__(self, inner, limit: int):
+        self.inner, self.limit, self.prompt_seen = inner, limit, False
 
     def put(self, value):
         if not self.prompt_seen:
@@ -560,6 +561,9 @@ class _BlockStreamer:
             return
         value = torch.as_tensor(value)
         for j in range(int(torch.count_nonzero(value, dim=1).max())):
+            if self.limit <= 0:
+                return
+            self.limit -= 1
             self.inner.put(value[:, j:j + 1])
 
     def end(self):
@@ -714,7 +718,7 @@ class NeuronSampler:
         n_pad = int(start_ids_from_mask(attention_mask)[0])
         gen = SpeculativeGenerator(self.draft, self.model, k=self.settings.speculation_length,
                                    acceptor=greedy_token_acceptor())
-        blocks = _BlockStreamer(tracker)
+        blocks = _BlockStreamer(tracker, sequence_length - input_ids.shape[1])
         seq = gen.sample(input_ids[:, n_pad:], sequence_length - n_pad, eos_token_id=eos[0] if eos else None,
                          pad_token_id=pad, streamer=blocks)
         return torch.cat([input_ids[:, :n_pad], seq], dim=1), tracker, None

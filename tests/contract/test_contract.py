@@ -173,6 +173,31 @@ def test_entry_point_refuses_bad_inputs_before_the_library(stack, contract):
     assert len(contract.CALLS) == calls, "the library was called with an input the adapter must refuse"
 
 
+@pytest.mark.parametrize("stack", harness.STACKS)
+def test_entry_point_speculation_is_greedy_and_full_length(stack, contract, tmp_path):
+    """A 2-layer draft that often disagrees with the target: greedy speculation must return exactly the
+    target's greedy tokens, as many as asked (tnx: the default acceptor would sample at temperature 1; NxDI:
+    the assisted loop would stop up to k-1 tokens short)."""
+    import helpers
+    from helpers.prompts import encode_prompts
+    from helpers.speculative import write_truncated_draft
+
+    draft = write_truncated_draft(helpers.resolve_model_path(None), 2, tmp_path / "draft")
+    enc = encode_prompts(helpers.load_tokenizer(), ["Name three colours."], 1)
+    seq_len = enc.input_ids.shape[1] + 14
+    plain = _build(stack, n_positions=128, tp_degree=1)
+    expected = plain.sample(enc.input_ids, seq_len, top_k=1, attention_mask=enc.attention_mask, eos_token_override=[]
+                            if stack == "tnx" else None)
+    spec = _build(stack, n_positions=128, tp_degree=1, draft_model_path=str(draft), speculation_length=4)
+    streamer = Recorder()
+    out = spec.sample(enc.input_ids, seq_len, top_k=1, attention_mask=enc.attention_mask, streamer=streamer,
+                      eos_token_override=[] if stack == "tnx" else None)
+    assert torch.equal(out, expected), (out, expected)
+    assert len(streamer.puts) == spec.stats["new_tokens"] == expected.shape[1] - enc.input_ids.shape[1]
+    with pytest.raises(ValueError, match="greedy only"):
+        spec.sample(enc.input_ids, seq_len, top_k=5, attention_mask=enc.attention_mask)
+
+
 def test_entry_point_refuses_mistral_on_nxdi(contract, tmp_path):
     import json
     import shutil
