@@ -373,7 +373,10 @@ class NeuronModelBase(torch.nn.Module):
             quant = EngineQuant(quant_dtype=q.quant_dtype, dequant_dtype=q.dequant_dtype,
                                 quantize_method=q.quantize_method, quantize_attn=bool(q.quantize_attn),
                                 no_quantize_list=list(q.no_quantize_list))
-        path = getattr(self, "_using_presharded_weights", None) or self._checkpoint_path
+        path = getattr(self, "_using_presharded_weights", None) or getattr(self, "_checkpoint_path", None)
+        if path is None:
+            raise NotImplementedError("the stand-in reads its weights from the checkpoint given to from_pretrained(): "
+                                      f"build the model with {type(self).__name__}.from_pretrained(path, ...)")
         ks = sorted({k for k, _ in getattr(self, "decoder_lm_head_for_speculation", {})})
         self._engines = {}
         for bs in sorted(set(self.batch_sizes) | set(self.context_batch_sizes)):
