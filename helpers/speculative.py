@@ -370,3 +370,43 @@ def sweep_k(build_target, draft_factory, ks, input_ids, sequence_length: int, eo
                      "speedup_range": (min(ratios), max(ratios)), "repeats": repeats,
                      "verify_cost_ratio": step_cost(target, k + 1) / step_cost(target, 1)})
     return rows
+
+
+def sampler_sweep_k(build, ks, input_ids, sequence_length: int, eos_token_id=None, repeats: int = 1) -> list[dict]:
+    """Greedy speculation for each k through ``sample()`` alone, on any backend: ``build(k)`` returns a model whose
+    ``sample()`` speculates k tokens per step (on Neuron ``helpers.build_model(bk, target, draft_model_path=...,
+    speculation_length=k)``), ``build(0)`` the plain target. After a warm-up, plain and speculative runs
+    alternate ``repeats`` times; speeds are medians of wall times, ``identical``: token-identical outputs. The
+    acceptance rate is not observable through ``sample()``, so it is not reported."""
+    import statistics
+
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    plain_model = build(0)
+    warm = input_ids.shape[1] + 2
+
+    def timed(model):
+        t0 = time.perf_counter()
+        out = model.sample(input_ids, sequence_length, top_k=1, eos_token_override=eos_token_id)
+        return out, time.perf_counter() - t0
+
+    plain_model.sample(input_ids, warm, top_k=1)
+    rows = []
+    for k in ks:
+        spec_model = build(k)
+        spec_model.sample(input_ids, warm, top_k=1)
+        plain_s, spec_s = [], []
+        for _ in range(repeats):
+            plain, t = timed(plain_model)
+            plain_s.append(t)
+            out, t = timed(spec_model)
+            spec_s.append(t)
+        n_new = plain.shape[1] - input_ids.shape[1]
+        ratios = [p / q for p, q in zip(plain_s, spec_s)]
+        rows.append({"k": k, "identical": bool(torch.equal(out, plain)), "new_tokens": n_new,
+                     "spec_tokens_per_s": n_new / statistics.median(spec_s),
+                     "plain_tokens_per_s": n_new / statistics.median(plain_s),
+                     "speedup": statistics.median(plain_s) / statistics.median(spec_s),
+                     "speedup_range": (min(ratios), max(ratios)), "repeats": repeats})
+        del spec_model
+    return rows

@@ -140,3 +140,42 @@ def test_refusals(tiny):
     m2.enable_speculative_decoder(2)
     with pytest.raises(ValueError, match="batch_size=1"):
         SpeculativeGenerator(PromptLookupDraft(), m2.to_neuron(), 2)
+
+
+class _Speculating:
+    """build(k) for sampler_sweep_k on the reference engine: sample() runs the engine's SpeculativeGenerator."""
+
+    def __init__(self, draft, target, k):
+        self.gen = SpeculativeGenerator(ModelDraft(draft), target, k)
+
+    def sample(self, input_ids, sequence_length, top_k=1, eos_token_override=None):
+        return self.gen.sample(input_ids, sequence_length, eos_token_id=eos_token_override)
+
+
+def test_sampler_sweep_k_through_sample_only(tmp_path):
+    from helpers.speculative import sampler_sweep_k
+
+    write_tiny(tmp_path / "t", num_hidden_layers=3)
+    draft_path = write_truncated_draft(tmp_path / "t", 1, tmp_path / "d")
+    new = lambda p: helpers.NeuronModel.from_pretrained(str(p), n_positions=64)  # noqa: E731
+    draft = new(draft_path).to_neuron()
+
+    def build(k):
+        if not k:
+            return new(tmp_path / "t").to_neuron()
+        target = new(tmp_path / "t")
+        target.enable_speculative_decoder(k)
+        return _Speculating(draft, target.to_neuron(), k)
+
+    ids = torch.tensor([[1, 5, 7, 9, 11]])
+    rows = sampler_sweep_k(build, [1, 3], ids, 20, eos_token_id=[], repeats=2)
+    assert [r["k"] for r in rows] == [1, 3] and all(r["identical"] for r in rows)
+    assert all(r["new_tokens"] == 15 and r["speedup"] > 0 and r["repeats"] == 2 for r in rows)
+    assert "acceptance_rate" not in rows[0]  # not observable through sample()
+
+    class Wrong:  # a speculative path that changes the output must be reported
+        def sample(self, ids, n, top_k=1, eos_token_override=None):
+            return torch.cat([ids, torch.full((1, n - ids.shape[1]), 3)], dim=1)
+
+    rows = sampler_sweep_k(lambda k: Wrong() if k else build(0), [2], ids, 20, eos_token_id=[])
+    assert rows[0]["identical"] is False
