@@ -62,14 +62,40 @@ def teacher_forced_agreement(model: NeuronModel, sequences: list[torch.Tensor], 
     return hits / total
 
 
-def decode_tokens_per_s(model: NeuronModel, input_ids: torch.Tensor, new_tokens: int, repeats: int = 1) -> float:
-    """Greedy decode speed, new tokens / s after the first (prompt encoding excluded); best of ``repeats``."""
+def sampled_agreement(model, sequences: list[torch.Tensor], prompt_lens: list[int]) -> float:
+    """:func:`teacher_forced_agreement` through ``sample()`` alone, for models that return no logits (the Neuron
+    libraries): for every position, one greedy token from the reference sequence's prefix. One ``sample()`` call
+    per compared token."""
+    hits, total = 0, 0
+    for seq, L in zip(sequences, prompt_lens):
+        seq = torch.as_tensor(seq).reshape(1, -1)
+        for i in range(L, seq.shape[1]):
+            out = model.sample(seq[:, :i], i + 1, top_k=1, eos_token_override=[])
+            hits += int(out[0, i] == seq[0, i])
+            total += 1
+    return hits / total
+
+
+def decode_tokens_per_s(model, input_ids: torch.Tensor, new_tokens: int, repeats: int = 1) -> float:
+    """Greedy decode speed, new tokens / s after the first (prompt encoding excluded); best of ``repeats``.
+    A model that times no single token (NxD Inference's adapter: ``stats['ttft_s']`` is None) is timed by two
+    whole generations, of ``new_tokens`` and of 1 token: the difference is the decode of the other tokens."""
     ids = torch.as_tensor(input_ids).reshape(1, -1)
+    if new_tokens < 2:
+        raise ValueError("new_tokens must be >= 2: decode speed is measured after the first token")
     best = 0.0
     for _ in range(repeats):
         model.sample(ids, ids.shape[1] + new_tokens, top_k=1, eos_token_override=[])
         t = model.stats["token_times_s"]
-        best = max(best, (len(t) - 1) / (t[-1] - t[0]))
+        if model.stats.get("ttft_s") is not None:
+            best = max(best, (len(t) - 1) / (t[-1] - t[0]))
+            continue
+        total = model.stats["total_s"]
+        model.sample(ids, ids.shape[1] + 1, top_k=1, eos_token_override=[])
+        if total <= model.stats["total_s"]:
+            raise RuntimeError(f"{new_tokens} tokens took no longer than 1 ({total:.4f} s): timing noise exceeds the "
+                               "decode time, raise new_tokens")
+        best = max(best, (new_tokens - 1) / (total - model.stats["total_s"]))
     return best
 
 

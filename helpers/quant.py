@@ -272,3 +272,31 @@ def load_quantized_state_dict(quant: QuantizationConfig) -> dict:
 def _saved_part(saved: dict, layer: int, name: str):
     key = f"layers.{layer}.{name}"
     return saved[key + ".weight"], saved.get(key + ".scale")
+
+
+# The int8 modes each pinned Neuron stack stores weights in, as helpers.build_model(bk, ...) builds them.
+NEURON_QUANT_MODES = {"tnx": ("vector_dynamic",), "nxdi": NXDI_METHODS}
+
+
+def neuron_quant_settings(stack: str, method: str, amp: str, quantized_dir) -> dict:
+    """The ``helpers.build_model`` keywords that store the weights as int8 with ``method`` on a Neuron stack.
+
+    transformers-neuronx 0.13: ``QuantizationConfig(quant_dtype='s8', dequant_dtype=amp,
+    quantize_method='vector_dynamic')`` (per-channel scales; ``dequant_dtype`` must equal ``amp``). NxD
+    Inference 0.8: ``quantized=True`` with ``quantization_type`` per_channel_symmetric (what helpers.neuron maps
+    s8 to) or per_tensor_symmetric (an override), each read from its own quantized checkpoint, which
+    helpers.neuron writes once with ``save_quantized_state_dict`` under ``quantized_dir``."""
+    from .config import NeuronConfig
+
+    if stack not in NEURON_QUANT_MODES:
+        raise ValueError(f"stack={stack!r}: use one of {list(NEURON_QUANT_MODES)}")
+    if method not in NEURON_QUANT_MODES[stack]:
+        raise ValueError(f"quantize_method={method!r} is not a mode of {stack}: use one of {NEURON_QUANT_MODES[stack]}")
+    if stack == "tnx":
+        return {"neuron_config": NeuronConfig(quant={"quant_dtype": "s8", "dequant_dtype": amp,
+                                                     "quantize_method": "vector_dynamic"})}
+    kw = {"neuron_config": NeuronConfig(quant={"quant_dtype": "s8"}),
+          "quantized_checkpoints_path": str(Path(quantized_dir) / f"nxdi-{method}")}
+    if method == "per_tensor_symmetric":
+        kw["nxdi_overrides"] = {"quantization_type": "per_tensor_symmetric"}
+    return kw

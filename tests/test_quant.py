@@ -67,3 +67,28 @@ def test_engine_int8_storage_bytes_and_accuracy(tmp_path):
                                quantized_checkpoints_path=tmp_path / "q8")
     with pytest.raises(ValueError, match="rewrite it"):
         helpers.NeuronModel.from_pretrained(tmp_path, n_positions=64, neuron_config=helpers.NeuronConfig(quant=other)).to_neuron()
+
+
+@pytest.mark.parametrize("stack,method", [("tnx", "vector_dynamic"), ("nxdi", "per_channel_symmetric"),
+                                          ("nxdi", "per_tensor_symmetric")])
+def test_neuron_quant_settings_map_to_the_stack(stack, method, tmp_path):
+    from helpers.neuron import neuron_settings
+    from helpers.quant import neuron_quant_settings
+
+    kw = neuron_quant_settings(stack, method, "bf16", tmp_path)
+    ns = neuron_settings(stack, amp="bf16", neuron_config=kw["neuron_config"],
+                         quantized_checkpoints_path=kw.get("quantized_checkpoints_path"),
+                         nxdi_overrides=kw.get("nxdi_overrides"))
+    if stack == "tnx":
+        assert ns.quantization == {"quant_dtype": "s8", "dequant_dtype": "bf16", "quantize_method": "vector_dynamic"}
+    else:
+        assert ns.neuron_config["quantized"] and ns.neuron_config["quantization_type"] == method
+        assert ns.neuron_config["quantized_checkpoints_path"].endswith(f"nxdi-{method}")
+
+
+@pytest.mark.parametrize("stack,method", [("tnx", "per_channel_symmetric"), ("nxdi", "vector_dynamic"), ("tpu", "x")])
+def test_neuron_quant_settings_refuse_other_modes(stack, method, tmp_path):
+    from helpers.quant import neuron_quant_settings
+
+    with pytest.raises(ValueError, match="use one of"):
+        neuron_quant_settings(stack, method, "f32", tmp_path)
