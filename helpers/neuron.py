@@ -142,7 +142,14 @@ class NeuronSettings:
     model_kwargs: dict           # tnx: from_pretrained keywords (besides neuron_config); nxdi: {}
     neuron_config: dict          # tnx or NxDI NeuronConfig keywords
     quantization: dict | None    # tnx QuantizationConfig keywords (nxdi: folded into neuron_config)
-    speculation_length: int
+    speculation_length: int      # draft tokens per step, as the reference engine counts them
+
+    @property
+    def tokens_per_verification(self) -> int:
+        """The libraries' k: positions the target scores per step = the draft tokens + the target's own next
+        token (transformers-neuronx: enable_speculative_decoder(k) / SpeculativeGenerator(k) draft k - 1,
+        speculation.py; NxD Inference: speculation_length=k verifies k positions, hf_adapter.py)."""
+        return self.speculation_length + 1 if self.speculation_length else 0
     notes: list[str]
 
 
@@ -267,7 +274,7 @@ def neuron_settings(stack: str, *, batch_size: int = 1, n_positions=2048, tp_deg
                     quantization_type="per_channel_symmetric",
                     quantization_dtype=NXDI_QUANT_DTYPE[qfields.get("quant_dtype", "s8")])
     if speculation_length:
-        ncfg["speculation_length"] = speculation_length
+        ncfg["speculation_length"] = speculation_length + 1  # the library's k: drafts + 1 (see NeuronSettings)
     overrides = dict(nxdi_overrides or {})
     _refuse_unknown(overrides, NXDI_NEURON_CONFIG_KEYS, "nxdi_overrides (NxD Inference NeuronConfig)")
     ncfg.update(overrides)
@@ -383,7 +390,7 @@ def _build_tnx(path: str, model_type: str, ns: NeuronSettings, compiled_dir: str
             raise ValueError("speculative decoding on transformers-neuronx needs LlamaForSampling: "
                              "MistralForSampling has no decoder_lm_head_for_speculation (mistral/model.py)")
         # Must precede to_neuron(): the speculation graphs are built in init_rest_of_model (base.py).
-        model.enable_speculative_decoder(ns.speculation_length)
+        model.enable_speculative_decoder(ns.tokens_per_verification)
     loaded = _has_neffs(compiled_dir)
     if loaded:
         model.load(compiled_dir)  # must precede to_neuron(); NEFFs are matched by HLO hash (base.py)
@@ -669,12 +676,12 @@ class NeuronSampler:
             positions = max(tnx_token_buckets(self.settings.model_kwargs["n_positions"]))
         else:
             positions = self.settings.neuron_config["seq_len"]
-        k = self.settings.speculation_length if self.draft is not None else 0
+        k = self.settings.tokens_per_verification if self.draft is not None else 0
         if prompt_len >= sequence_length:
             raise ValueError(f"The prompt has {prompt_len} tokens and sequence_length={sequence_length} leaves no "
                              "room to generate: sequence_length counts prompt + new tokens")
         if sequence_length + k > positions:
-            extra = (f" + speculation_length {k} (the last verification writes k positions past the end)"
+            extra = (f" + {k} positions the last verification may write past the end"
                      if k else "")
             raise ValueError(f"sequence_length={sequence_length}{extra} exceeds the compiled {positions} positions: "
                              "lower sequence_length or rebuild with a larger n_positions")
@@ -716,7 +723,7 @@ class NeuronSampler:
             raise ValueError("stopping criteria are not part of transformers-neuronx's speculative loop "
                              "(SpeculativeGenerator.sample has no stopping_criteria_list): drop them, or drop the draft")
         n_pad = int(start_ids_from_mask(attention_mask)[0])
-        gen = SpeculativeGenerator(self.draft, self.model, k=self.settings.speculation_length,
+        gen = SpeculativeGenerator(self.draft, self.model, k=self.settings.tokens_per_verification,
                                    acceptor=greedy_token_acceptor())
         blocks = _BlockStreamer(tracker, sequence_length - input_ids.shape[1])
         seq = gen.sample(input_ids[:, n_pad:], sequence_length - n_pad, eos_token_id=eos[0] if eos else None,
@@ -737,7 +744,7 @@ class NeuronSampler:
             # The assisted loop stops once fewer than speculation_length positions remain (hf_adapter.py: "If
             # the rest length is smaller than speculation length ... break"): ask for k - 1 more (checked to fit
             # by _check_lengths) and cut back to sequence_length.
-            max_length = sequence_length + self.settings.speculation_length - 1
+            max_length = sequence_length + self.settings.tokens_per_verification - 1
         common = dict(max_length=max_length, eos_token_id=eos or None, pad_token_id=pad)
         if int(top_k) == 1 or self.draft is not None:
             gen_cfg = GenerationConfig(do_sample=False, **common)
@@ -752,7 +759,9 @@ class NeuronSampler:
             kwargs["stopping_criteria"] = StoppingCriteriaList([stops])
         if self.draft is not None:
             # Unfused speculation as utils/accuracy.py get_generate_outputs_from_token_ids does it.
-            self.draft.generation_config.update(num_assistant_tokens=self.settings.speculation_length)
+            # as utils/accuracy.py: the draft proposes as many tokens as the target verifies (the last one is
+            # not checked: hf_adapter.py compares candidate_length - 1 of them)
+            self.draft.generation_config.update(num_assistant_tokens=self.settings.tokens_per_verification)
             kwargs["assistant_model"] = self.draft
         with _model_eos(self.model, eos):
             out = self.model.generate(ids, **kwargs)

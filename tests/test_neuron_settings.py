@@ -46,7 +46,8 @@ def test_nxdi_mapping_dtype_quant_speculation(tmp_path):
     nc = helpers.NeuronConfig(quant={"quant_dtype": "f8e4m3fn"})
     s = neuron.neuron_settings("nxdi", amp="bf16", neuron_config=nc, speculation_length=4,
                                quantized_checkpoints_path=tmp_path / "q")
-    assert s.neuron_config["torch_dtype"] == "bfloat16" and s.neuron_config["speculation_length"] == 4
+    # 4 draft tokens per step (the reference engine's count) = NxDI's speculation_length 5 (positions verified)
+    assert s.neuron_config["torch_dtype"] == "bfloat16" and s.neuron_config["speculation_length"] == 5
     assert s.neuron_config["quantized"] and s.neuron_config["quantization_dtype"] == "f8e4m3"
     assert s.neuron_config["quantization_type"] == "per_channel_symmetric"
     assert set(s.neuron_config) <= neuron.NXDI_NEURON_CONFIG_KEYS

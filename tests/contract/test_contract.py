@@ -44,9 +44,19 @@ def contract(tmp_path, monkeypatch):
         yield c
 
 
+def lane_parameters(stem: str, stack: str) -> dict:
+    """The notebook's parameters in the neuron lane (ci/params/inf2-<stack>.yaml + neuron-sim.yaml): the cells
+    compute real tokens through the stand-ins, so they run with the lane's small values."""
+    sys.path.insert(0, str(REPO / "ci"))
+    import run_notebooks as runner
+
+    paramset = runner.load_params([REPO / "ci" / "params" / f"inf2-{stack}.yaml", REPO / "ci" / "params" / "neuron-sim.yaml"])
+    return paramset["notebooks"].get(stem, {})
+
+
 @pytest.mark.parametrize("path,stack", _cases())
 def test_neuron_cells_match_pinned_api(path, stack, contract):
-    run = harness.run_neuron_cells(path, stack)
+    run = harness.run_neuron_cells(path, stack, overrides=lane_parameters(path.stem, stack))
     made = [name for name, _ in contract.calls(f"{stack}.")]
     assert made, f"{path.stem}: the {stack} cells made no {stack} call (were they all skipped?)\n{run.stdout}"
     assert not contract.calls("tnx." if stack == "nxdi" else "nxdi."), "a cell called the other stack"
@@ -103,7 +113,7 @@ def test_entry_point_all_settings(stack, contract, tmp_path):
     nc = helpers.NeuronConfig(group_query_attention="shard-over-heads", quant={"quant_dtype": "s8"})
     extra = {"quantized_checkpoints_path": str(tmp_path / "q.pt")} if stack == "nxdi" else {}
     model = _build(stack, batch_size=2, n_positions=[128, 256], tp_degree=2, amp="bf16",
-                   context_length_estimate=[64, 128], neuron_config=nc, speculation_length=3, **extra)
+                   context_length_estimate=[64, 128], neuron_config=nc, **extra)
     ids = torch.tensor([[0, 0, 5, 6], [1, 2, 3, 4]])
     mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
     streamer = Recorder()
@@ -112,14 +122,13 @@ def test_entry_point_all_settings(stack, contract, tmp_path):
     assert len(streamer.puts) == 6 and all(p.shape == (2, 1) for p in streamer.puts) and streamer.ends == 1
     names = [n for n, _ in contract.calls(stack)]
     if stack == "tnx":
-        assert names.index("tnx.enable_speculative_decoder") < names.index("tnx.to_neuron")
         (_, kw), = contract.calls("tnx.LlamaForSampling.from_pretrained")
         assert kw["n_positions"] == [128, 256] and kw["context_length_estimate"] == [64, 128]
         assert kw["tp_degree"] == 2 and kw["amp"] == "bf16" and kw["batch_size"] == 2
     else:
         (_, kw), = contract.calls("nxdi.NeuronConfig")
         assert kw["token_generation_buckets"] == [128, 256] and kw["context_encoding_buckets"] == [64, 128]
-        assert kw["seq_len"] == 256 and kw["max_context_length"] == 128 and kw["speculation_length"] == 3
+        assert kw["seq_len"] == 256 and kw["max_context_length"] == 128
         assert kw["quantized"] and kw["quantization_dtype"] == "int8"
         assert names.index("nxdi.save_quantized_state_dict") < names.index("nxdi.compile") < names.index("nxdi.load")
         assert model.stats["ttft_s"] is None  # NxDI drives no per-token streamer
@@ -189,6 +198,13 @@ def test_entry_point_speculation_is_greedy_and_full_length(stack, contract, tmp_
     expected = plain.sample(enc.input_ids, seq_len, top_k=1, attention_mask=enc.attention_mask, eos_token_override=[]
                             if stack == "tnx" else None)
     spec = _build(stack, n_positions=128, tp_degree=1, draft_model_path=str(draft), speculation_length=4)
+    names = [n for n, _ in contract.calls(stack)]
+    if stack == "tnx":  # k scored per target pass = 4 drafts + 1, built before to_neuron()
+        (_, kw), = contract.calls("tnx.enable_speculative_decoder")
+        assert kw["speculation_length"] in (5, [5]), kw
+        assert names.index("tnx.enable_speculative_decoder") < len(names) - 1 - names[::-1].index("tnx.to_neuron")
+    else:
+        assert [kw["speculation_length"] for _, kw in contract.calls("nxdi.NeuronConfig") if "speculation_length" in kw] == [5]
     streamer = Recorder()
     out = spec.sample(enc.input_ids, seq_len, top_k=1, attention_mask=enc.attention_mask, streamer=streamer,
                       eos_token_override=[] if stack == "tnx" else None)
