@@ -285,7 +285,8 @@ def neuron_quant_settings(stack: str, method: str, amp: str, quantized_dir) -> d
     quantize_method='vector_dynamic')`` (per-channel scales; ``dequant_dtype`` must equal ``amp``). NxD
     Inference 0.8: ``quantized=True`` with ``quantization_type`` per_channel_symmetric (what helpers.neuron maps
     s8 to) or per_tensor_symmetric (an override), each read from its own quantized checkpoint, which
-    helpers.neuron writes once with ``save_quantized_state_dict`` under ``quantized_dir``."""
+    helpers.neuron writes once with ``save_quantized_state_dict`` under ``quantized_dir`` (created here: the
+    library's ``torch.save`` to a file path needs its folder)."""
     from .config import NeuronConfig
 
     if stack not in NEURON_QUANT_MODES:
@@ -295,6 +296,7 @@ def neuron_quant_settings(stack: str, method: str, amp: str, quantized_dir) -> d
     if stack == "tnx":
         return {"neuron_config": NeuronConfig(quant={"quant_dtype": "s8", "dequant_dtype": amp,
                                                      "quantize_method": "vector_dynamic"})}
+    Path(quantized_dir).mkdir(parents=True, exist_ok=True)
     kw = {"neuron_config": NeuronConfig(quant={"quant_dtype": "s8"}),
           "quantized_checkpoints_path": str(Path(quantized_dir) / f"nxdi-{method}")}
     if method == "per_tensor_symmetric":

@@ -75,7 +75,8 @@ def test_neuron_quant_settings_map_to_the_stack(stack, method, tmp_path):
     from helpers.neuron import neuron_settings
     from helpers.quant import neuron_quant_settings
 
-    kw = neuron_quant_settings(stack, method, "bf16", tmp_path)
+    kw = neuron_quant_settings(stack, method, "bf16", tmp_path / "q")
+    assert (tmp_path / "q").is_dir() == (stack == "nxdi")  # NxDI torch.saves a file there: its folder must exist
     ns = neuron_settings(stack, amp="bf16", neuron_config=kw["neuron_config"],
                          quantized_checkpoints_path=kw.get("quantized_checkpoints_path"),
                          nxdi_overrides=kw.get("nxdi_overrides"))
