@@ -47,6 +47,7 @@ if [ "$SETUP_ONLY" = 1 ]; then exit 0; fi
 # The model store under the pinned transformers: a fresh conversion, then the shared cached checkpoint.
 FRESH=$(mktemp -d)
 trap 'rm -rf "$FRESH"' EXIT
+export HELPERS_NEURON_COMPILED_DIR="$FRESH/compiled"  # helpers' default compiled folders: fresh per run
 PREPARE="from helpers.model_store import resolve_model_path; print(resolve_model_path(None))"
 NEURON_NB_CACHE="$FRESH" "$VENV/bin/python" -c "$PREPARE"
 "$VENV/bin/python" -c "$PREPARE"

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import difflib
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -328,10 +329,19 @@ def _check_architecture(stack: str, cfg: dict) -> str:
     return model_type
 
 
+def library_version(stack: str) -> str | None:
+    """The installed library's version: artifacts compiled by another release do not load (transformers-neuronx
+    matches NEFFs by HLO hash and raises on a miss), so the default folder is keyed by it too."""
+    try:
+        return importlib.metadata.version({"tnx": "transformers-neuronx", "nxdi": "neuronx-distributed-inference"}[stack])
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def default_compiled_dir(stack: str, model_path: str, settings: NeuronSettings) -> str:
     """A compiled-artifacts folder keyed by the model and every setting (a stale folder cannot match)."""
     root = os.environ.get("HELPERS_NEURON_COMPILED_DIR") or os.path.join(tempfile.gettempdir(), "neuron-compiled")
-    key = json.dumps([stack, str(model_path), settings.model_kwargs, settings.neuron_config,
+    key = json.dumps([stack, library_version(stack), str(model_path), settings.model_kwargs, settings.neuron_config,
                       settings.quantization, settings.speculation_length], sort_keys=True, default=str)
     return os.path.join(root, stack, hashlib.sha256(key.encode()).hexdigest()[:16])
 
@@ -736,33 +746,44 @@ class NeuronSampler:
 
         ids, mask = left_to_right_padding(input_ids, attention_mask, pad)
         max_length = sequence_length
+        sampled = int(top_k) != 1 and self.draft is None
+        if sampled and (float(temperature) != 1.0 or float(top_p) != 1.0):
+            raise ValueError(f"temperature={temperature}, top_p={top_p} on NxD Inference: its generate applies them "
+                             "twice (Hugging Face's logits warpers, then its own Sampler with the same values: "
+                             "utils/hf_adapter.py _sample), so the distribution would not be the one asked for. "
+                             "Sample with top_k only (temperature=1.0, top_p=1.0), or use neuron_stack='tnx'")
         if self.draft is not None:
             if not eos:
                 raise ValueError("EOS cannot be switched off for NxD Inference speculation: its assisted decoding "
                                  "compares every token with eos_token_id (utils/hf_adapter.py "
                                  "_standard_assisted_decoding); drop eos_token_override=[] or the draft")
+            if criteria is not None:
+                raise ValueError("stopping criteria are never called by NxD Inference's assisted decoding "
+                                 "(utils/hf_adapter.py _standard_assisted_decoding): drop them, or drop the draft")
             # The assisted loop stops once fewer than speculation_length positions remain (hf_adapter.py: "If
             # the rest length is smaller than speculation length ... break"): ask for k - 1 more (checked to fit
             # by _check_lengths) and cut back to sequence_length.
             max_length = sequence_length + self.settings.tokens_per_verification - 1
-        common = dict(max_length=max_length, eos_token_id=eos or None, pad_token_id=pad)
-        if int(top_k) == 1 or self.draft is not None:
-            gen_cfg = GenerationConfig(do_sample=False, **common)
-        else:
-            gen_cfg = GenerationConfig(do_sample=True, top_k=int(top_k), top_p=float(top_p),
-                                       temperature=float(temperature), **common)
-        kwargs = {"attention_mask": mask, "generation_config": gen_cfg}
+        gen_cfg = GenerationConfig(do_sample=sampled, eos_token_id=eos or None, pad_token_id=pad,
+                                   **({"top_k": int(top_k)} if sampled else {}))
+        # max_length as a generate() keyword: inside a GenerationConfig, transformers takes max_length=20 (its
+        # default) for "not set" and adds the prompt length to it
+        kwargs = {"attention_mask": mask, "generation_config": gen_cfg, "max_length": max_length}
         stops = None
         if criteria is not None:
             # NxDI calls each criterion as criterion(ids_so_far, None): no scores (hf_adapter.py _sample).
             stops = _RowStops(criteria, ids.shape[1], ids.shape[0])
             kwargs["stopping_criteria"] = StoppingCriteriaList([stops])
         if self.draft is not None:
-            # Unfused speculation as utils/accuracy.py get_generate_outputs_from_token_ids does it.
-            # as utils/accuracy.py: the draft proposes as many tokens as the target verifies (the last one is
-            # not checked: hf_adapter.py compares candidate_length - 1 of them)
+            # Unfused speculation as utils/accuracy.py does it: the draft proposes as many tokens as the target
+            # verifies (hf_adapter.py checks candidate_length - 1 of them), and starts each call from a reset cache
+            # (generate() resets only the target).
             self.draft.generation_config.update(num_assistant_tokens=self.settings.tokens_per_verification)
+            self.draft.neuron_model.reset()
             kwargs["assistant_model"] = self.draft
+        # The adapter builds its host Sampler on the first call and keeps it, greedy or sampling, for every later
+        # call (hf_adapter.py _sample: "if self.sampler is None"): make each call build its own.
+        self.model.sampler = None
         with _model_eos(self.model, eos):
             out = self.model.generate(ids, **kwargs)
         new = out[:, ids.shape[1]:sequence_length]

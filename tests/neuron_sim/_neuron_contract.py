@@ -1,10 +1,10 @@
 """Bookkeeping shared by the stand-in Neuron packages (transformers_neuronx, neuronx_distributed_inference).
 
-The stand-ins transcribe the *call signatures*, enum members and call-order rules of the pinned
-releases (transformers-neuronx v0.13.0, NxD Inference 0.8.0 / SDK 2.28) and nothing else: they
-compute no model. Where the real library is lenient (swallows or only logs an unknown keyword) the
-stand-in raises :class:`ContractError`, so a typo fails the contract test instead of silently running
-with a default on an inf2 instance.
+The stand-ins transcribe the signatures, enum members, call-order rules and user-visible behaviour of the
+pinned releases (transformers-neuronx v0.13.0, NxD Inference 0.8.0 / SDK 2.28; each module names its source
+file) and compute their tokens with the repository's reference engine. Where the real library is lenient
+(swallows or only logs an unknown keyword) or silently computes wrong tokens, the stand-in raises
+:class:`ContractError`, so the mistake fails a test instead of running with a default on an inf2 instance.
 """
 from __future__ import annotations
 
