@@ -13,6 +13,7 @@ Notebooks added to ``notebooks/`` later are picked up automatically; the cell co
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import sys
@@ -296,7 +297,9 @@ def test_helpers_keyword_list_matches_the_stand_in(contract):
 def test_stand_ins_leave_no_trace():
     from helpers.backend import installed_stacks
 
-    before = installed_stacks()  # [] here; the real stacks on an inf2 instance
+    before = installed_stacks()  # [] in the main venv; the real stacks on an inf2 instance
+    if importlib.util.find_spec("_neuron_contract") is not None:
+        pytest.skip("the stand-ins are installed in this environment (a neuron lane): nothing to leave a trace in")
     with harness.stand_ins():
         import transformers_neuronx
 
