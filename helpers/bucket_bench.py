@@ -6,9 +6,11 @@ so they work with any model that has transformers-neuronx's ``sample()``: the re
 and ``LlamaForSampling`` on Neuron. NxD Inference's generate adapter hands the streamer every token only
 after ``generate`` returns (``stats['ttft_s']`` is None): there TTFT is the time of a one-token generation
 and per-step latency comes from whole generations timed to each token-bucket boundary
-(:func:`profile_from_totals`). ``eos_token_override=NO_EOS`` (an id no token has) keeps a
-generation from stopping early on both (transformers-neuronx indexes ``eos_token_id[0]``, so an
-empty list would fail there)."""
+(:func:`profile_from_totals`). EOS is switched off so that no generation stops early: with ``[]`` on the
+helpers models (the reference engine, and ``helpers.build_model`` on Neuron, which switches it off in each
+library itself), with ``NO_EOS`` (an id no token has) on a bare transformers-neuronx model, whose
+``sample()`` indexes ``eos_token_id[0]`` (an empty list fails there; NxD Inference's generate only warns
+about a negative id)."""
 from __future__ import annotations
 
 import json
@@ -24,11 +26,17 @@ from .streaming import TimingStreamer
 NO_EOS = -1
 
 
+def eos_off(model):
+    """The ``eos_token_override`` that switches EOS off for ``model`` (see the module docstring): the helpers
+    models keep their last run's ``stats``; a bare transformers-neuronx model has none."""
+    return [] if hasattr(model, "stats") else NO_EOS
+
+
 def timed_sample(model, input_ids, sequence_length: int) -> list[float]:
     """Greedy ``sample()`` to ``sequence_length``; the arrival time (s) of every new token."""
     streamer = TimingStreamer()
     streamer.reset()
-    model.sample(input_ids, sequence_length, top_k=1, eos_token_override=NO_EOS, streamer=streamer)
+    model.sample(input_ids, sequence_length, top_k=1, eos_token_override=eos_off(model), streamer=streamer)
     return streamer.times
 
 
@@ -87,24 +95,33 @@ def decode_profile(model, prompt_len: int, new_tokens: int, batch: int = 1, voca
     t = np.asarray(timed_sample(model, ids, prompt_len + int(new_tokens)))
     if has_token_times(model):
         return prompt_len + np.arange(1, len(t)), np.diff(t)
-    return profile_from_totals(model, ids, int(new_tokens), buckets)
+    return profile_from_totals(model, ids, int(new_tokens), buckets, first={int(new_tokens): model.stats["total_s"]})
 
 
-def profile_from_totals(model, input_ids, new_tokens: int, buckets=()):
+def profile_from_totals(model, input_ids, new_tokens: int, buckets=(), repeats: int = 2, first=None):
     """(KV lengths, step latencies) of a generation of ``new_tokens`` from whole generations only: one stopping
-    after each token-bucket boundary and one to the end, each timed by ``stats['total_s']``. The difference
-    of two totals over the steps between them is the mean step latency there (each stretch lies in one
-    bucket); the prompt encoding cancels out."""
+    after each token-bucket boundary and one to the end, each timed by ``stats['total_s']`` (the fastest of
+    ``repeats``: load on a shared host only slows a run; ``first``: totals already measured, by length). The
+    difference of two totals over the steps between them is the mean step latency there (each stretch lies in
+    one bucket); the prompt encoding cancels out. A stretch that comes out not positive is refused: the
+    timing noise is larger than its decode time."""
     L = input_ids.shape[1]
     cuts = sorted({1, int(new_tokens)} | {int(b) - L + 1 for b in buckets if 1 < int(b) - L + 1 < new_tokens})
     totals = []
     for c in cuts:
-        model.sample(input_ids, L + c, top_k=1, eos_token_override=NO_EOS)
-        if model.stats["new_tokens"] != c:
-            raise RuntimeError(f"asked for {c} new tokens, got {model.stats['new_tokens']}: the generation stopped early")
-        totals.append(model.stats["total_s"])
+        runs = [] if first is None or c not in first else [first[c]]
+        for _ in range(max(1, repeats) - len(runs)):
+            model.sample(input_ids, L + c, top_k=1, eos_token_override=eos_off(model))
+            if model.stats["new_tokens"] != c:
+                raise RuntimeError(f"asked for {c} new tokens, got {model.stats['new_tokens']}: the generation stopped early")
+            runs.append(model.stats["total_s"])
+        totals.append(min(runs))
     kv, lat = [], []
     for (c0, t0), (c1, t1) in zip(zip(cuts, totals), zip(cuts[1:], totals[1:])):
+        if t1 <= t0:
+            raise RuntimeError(f"a generation of {c1} tokens took no longer than one of {c0} ({t1:.3f} s against "
+                               f"{t0:.3f} s): timing noise exceeds {c1 - c0} decode steps; generate more tokens per "
+                               "bucket, or measure on a quieter host")
         kv += range(L + c0, L + c1)
         lat += [(t1 - t0) / (c1 - c0)] * (c1 - c0)
     return np.asarray(kv, dtype=np.int64), np.asarray(lat, dtype=np.float64)

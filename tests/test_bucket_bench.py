@@ -26,7 +26,8 @@ def test_ttft_and_decode_profile(model):
 
 def test_generation_never_stops_early(model):
     times = bb.timed_sample(model, bb.random_prompt(10), 30)
-    assert len(times) == 20  # NO_EOS: every step produces a token
+    assert len(times) == 20  # EOS off: every step produces a token
+    assert bb.eos_off(model) == [] and bb.eos_off(object()) == bb.NO_EOS
 
 
 def test_interleaved_calls_in_turn():
@@ -80,6 +81,26 @@ def test_profile_from_totals_refuses_an_early_stop():
     m.sample = lambda ids, n, **kw: real(ids, n - 1, **kw) if n - ids.shape[1] > 1 else real(ids, n, **kw)
     with pytest.raises(RuntimeError, match="stopped early"):
         bb.profile_from_totals(m, torch.zeros(1, 10, dtype=torch.long), 20, [128])
+
+
+def test_profile_from_totals_takes_the_fastest_run_and_refuses_noise():
+    m = PostHocModel([128, 256], {128: 1.0, 256: 2.0})
+    real, calls = m.sample, []
+
+    def noisy(ids, n, **kw):  # the first one-token run is slowed by 100 s of other load
+        out = real(ids, n, **kw)
+        if n == ids.shape[1] + 1 and n not in calls:
+            m.stats["total_s"] += 100.0
+        calls.append(n)
+        return out
+
+    m.sample = noisy
+    ids = torch.zeros(1, 100, dtype=torch.long)
+    kv, lat = bb.profile_from_totals(m, ids, 60, [128, 256], repeats=2)
+    assert bb.median_by_bucket(kv, lat, [128, 256]) == {128: 1.0, 256: 2.0}
+    with pytest.raises(RuntimeError, match="timing noise"):
+        calls.clear()
+        bb.profile_from_totals(m, ids, 60, [128, 256], repeats=1)
 
 
 def test_reference_engine_has_token_times(model):

@@ -42,6 +42,20 @@ def test_decode_tokens_per_s_from_whole_generations():
         decode_tokens_per_s(WholeGenerations(), torch.ones(1, 4, dtype=torch.long), 1)
 
 
+def test_decode_tokens_per_s_takes_the_faster_one_token_run():
+    class Noisy(WholeGenerations):
+        calls = 0
+
+        def sample(self, ids, sequence_length, **kwargs):
+            out = super().sample(ids, sequence_length)
+            Noisy.calls += 1
+            if Noisy.calls == 2:  # the first 1-token run is slowed by other load
+                self.stats["total_s"] += 5.0
+            return out
+
+    assert decode_tokens_per_s(Noisy(), torch.ones(1, 4, dtype=torch.long), 11) == pytest.approx(10.0)
+
+
 def test_decode_tokens_per_s_refuses_noise():
     class Flat(WholeGenerations):
         def sample(self, ids, sequence_length, **kwargs):
