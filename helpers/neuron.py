@@ -449,6 +449,7 @@ def _build_nxdi(path: str, model_type: str, ns: NeuronSettings, compiled_dir: st
     config = LlamaInferenceConfig(neuron_config, load_config=load_pretrained_config(path))
     qpath = ns.neuron_config.get("quantized_checkpoints_path")
     if qpath and not os.path.exists(qpath):
+        os.makedirs(os.path.dirname(os.path.abspath(qpath)), exist_ok=True)  # the library torch.saves to this file
         NeuronLlamaForCausalLM.save_quantized_state_dict(path, config)  # classmethod (application_base.py)
     model = NeuronLlamaForCausalLM(path, config)
     if os.path.exists(os.path.join(compiled_dir, "model.pt")):  # COMPILED_MODEL_FILE_NAME
