@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .planner import PLATFORM_TP_DEGREES
+
 ENTRY_POINT = "djl_python.transformers_neuronx"
 # Quick Start template keys and the quantization key of the guide.
 TEMPLATE_OPTIONS = ("model_id", "entryPoint", "rolling_batch", "tensor_parallel_degree",
@@ -24,7 +26,7 @@ GQA_VALUES = ("shard-over-heads", "shard-over-batch", "replicated-heads", "all-g
 # Environment-variable names the guide gives for the template keys; other options are OPTION_<NAME>.
 ENV_NAMES = {"model_id": "HF_MODEL_ID", "tensor_parallel_degree": "TENSOR_PARALLEL_DEGREE",
              "entryPoint": "OPTION_ENTRYPOINT"}
-VALID_TP = {"inf2": (1, 2, 4, 8, 24), "trn1": (1, 2, 8, 16, 32)}
+VALID_TP = {family: PLATFORM_TP_DEGREES[family] for family in ("inf2", "trn1")}  # the transformers-neuronx engine's families
 
 
 @dataclass
