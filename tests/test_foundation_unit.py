@@ -34,11 +34,11 @@ def test_bad_backend_settings_are_refused(kwargs, msg):
 
 
 def test_neuron_cells_say_why_they_are_skipped(capsys):
-    assert run_neuron_cell(Backend("reference"), "tnx") is False
+    assert run_neuron_cell("tnx", Backend("reference")) is False
     assert "Skipped" in capsys.readouterr().out
-    assert run_neuron_cell(Backend("neuron", "nxdi"), "tnx") is False
+    assert run_neuron_cell("tnx", Backend("neuron", "nxdi")) is False
     assert "neuron_stack='tnx'" in capsys.readouterr().out
-    assert run_neuron_cell(Backend("neuron", "tnx"), "tnx") is True
+    assert run_neuron_cell("tnx", Backend("neuron", "tnx")) is True
 
 
 # -- configuration ------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 Convention for notebook authors (the contract test relies on it):
 
 1. A Neuron cell is a code cell tagged ``neuron`` plus exactly one of ``tnx`` / ``nxdi``, guarded by
-   ``if helpers.run_neuron_cell(bk, "<that tag>"):``.
+   ``if helpers.run_neuron_cell("<that tag>"):``.
 2. For each notebook and each stack it has cells for, the harness runs, in one namespace and in
    notebook order:
    a. the code cells before the ``parameters`` cell (the imports),

@@ -29,7 +29,7 @@ import contract_harness as harness  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "00_contract_sample.ipynb"
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
-GUARD_RE = re.compile(r"run_neuron_cell\(\s*bk\s*,\s*[\"'](\w+)[\"']\s*\)")
+GUARD_RE = re.compile(r"run_neuron_cell\(\s*[\"'](\w+)[\"']\s*\)")
 
 
 def _cases():
@@ -82,7 +82,7 @@ def test_neuron_cells_are_tagged_and_guarded(path):
         if len(stacks) != 1:
             problems.append(f"cell {i}: tags {sorted(t)} need exactly one of {harness.STACKS}")
         elif guards != stacks:
-            problems.append(f"cell {i}: tagged {sorted(stacks)} but guarded by run_neuron_cell(bk, {sorted(guards)})")
+            problems.append(f"cell {i}: tagged {sorted(stacks)} but guarded by run_neuron_cell({sorted(guards)})")
     assert not problems, f"{path.name}: " + "; ".join(problems)
 
 
