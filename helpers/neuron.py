@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from .sampling import validate_input_ids, validate_sampling_args
-from .buckets import tnx_context_buckets, tnx_token_buckets
+from .buckets import nxdi_generate_buckets, tnx_context_buckets, tnx_token_buckets
 from .model_store import resolve_model_path, with_legacy_keys
 from .planner import PLATFORM_TP_DEGREES
 
@@ -239,6 +239,10 @@ def neuron_settings(stack: str, *, batch_size: int = 1, n_positions=2048, tp_deg
         if qfields is not None:
             q = dict(qfields)
             q.setdefault("dequant_dtype", amp)  # QuantizationConfig's default is 'f16': follow amp instead
+            if q["dequant_dtype"] != amp:
+                raise ValueError(f"dequant_dtype={q['dequant_dtype']!r} with amp={amp!r}: transformers-neuronx needs "
+                                 "them equal (guide: 'When using quantization, amp type must match dequant type'): "
+                                 f"set dequant_dtype={amp!r} or leave it out (it follows amp)")
         model_kwargs = {"batch_size": batch_size, "n_positions": n_positions if isinstance(n_positions, int)
                         else list(tokens), "tp_degree": tp_degree, "amp": amp,
                         "context_length_estimate": context_length_estimate if not isinstance(
@@ -246,6 +250,11 @@ def neuron_settings(stack: str, *, batch_size: int = 1, n_positions=2048, tp_deg
         return NeuronSettings("tnx", model_kwargs, ncfg, q, speculation_length, notes)
 
     # NxD Inference
+    if context_length_estimate is None:
+        # transformers-neuronx's default (half of each token bucket) is not NxDI's: with no
+        # context_encoding_buckets and max_context_length = seq_len, NxDI builds generate_buckets(128, seq_len)
+        # (modules/autobucketing.py generate_buckets_for_cte). Passed explicitly, so both read the same list.
+        contexts = nxdi_generate_buckets(min(128, max(tokens)), max(tokens))
     ncfg = {"batch_size": batch_size, "seq_len": max(tokens), "max_context_length": max(contexts) if contexts
             else max(tokens), "tp_degree": tp_degree, "torch_dtype": AMP_TO_TORCH_DTYPE[amp],
             "enable_bucketing": True, "token_generation_buckets": list(tokens),

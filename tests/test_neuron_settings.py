@@ -26,7 +26,18 @@ def test_tp_degree_is_always_explicit():
     assert neuron.neuron_settings("tnx").model_kwargs["tp_degree"] == 1
 
 
-@pytest.mark.parametrize("n_positions,cle", [(2048, None), (300, None), ([128, 512, 1024], [64, 300]), (256, 100)])
+@pytest.mark.parametrize("n_positions,expected", [(2048, [128, 256, 512, 1024, 2048]), (300, [128, 300]),
+                                                    (64, [64])])
+def test_nxdi_default_context_buckets_are_nxdis(n_positions, expected):
+    """No context_length_estimate: NxDI's own generate_buckets(128, seq_len) (the longest prompt fits up to
+    seq_len), not transformers-neuronx's half-size buckets (which stop at n_positions / 2)."""
+    nx = neuron.neuron_settings("nxdi", n_positions=n_positions).neuron_config
+    assert nx["context_encoding_buckets"] == expected and nx["max_context_length"] == nx["seq_len"] == n_positions
+    tnx = neuron.neuron_settings("tnx", n_positions=n_positions).model_kwargs
+    assert tnx["context_length_estimate"] is None  # the library's default: half of each token bucket
+
+
+@pytest.mark.parametrize("n_positions,cle", [([128, 512, 1024], [64, 300]), (256, 100), (512, [128, 256])])
 def test_nxdi_compiles_the_same_buckets_as_tnx(n_positions, cle):
     tnx = neuron.neuron_settings("tnx", n_positions=n_positions, context_length_estimate=cle)
     nx = neuron.neuron_settings("nxdi", n_positions=n_positions, context_length_estimate=cle).neuron_config
@@ -75,6 +86,8 @@ def test_nxdi_gqa_choice_is_reported_not_dropped():
     ("tnx", dict(n_positions=256, context_length_estimate=512), ValueError, "cannot be more than"),
     ("tnx", dict(device="cuda"), ValueError, "reference-engine"),
     ("tnx", dict(neuron_config=helpers.NeuronConfig(quant={"quant_dtype": "s4"})), ValueError, "quant_dtype"),
+    ("tnx", dict(amp="bf16", neuron_config=helpers.NeuronConfig(quant={"dequant_dtype": "f16"})), ValueError,
+     "amp type must match dequant type"),
     ("tnx", dict(neuron_config=helpers.NeuronConfig(quant={"quant_dtpye": "s8"})), TypeError, "quant_dtype"),
     ("mxnet", dict(), ValueError, "stack"),
 ])
