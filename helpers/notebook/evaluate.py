@@ -11,9 +11,10 @@ from pathlib import Path
 
 import torch
 
-from .engine import NeuronModel, build_mask
+from ..engine.generation import CausalLM
+from ..engine.model import build_mask
 
-EVAL_TEXT = Path(__file__).with_name("data") / "eval_text.txt"
+EVAL_TEXT = Path(__file__).parent.parent / "data" / "eval_text.txt"
 
 
 def eval_text() -> str:
@@ -22,7 +23,7 @@ def eval_text() -> str:
 
 
 @torch.inference_mode()
-def sequence_logits(model: NeuronModel, input_ids: torch.Tensor) -> torch.Tensor:
+def sequence_logits(model: CausalLM, input_ids: torch.Tensor) -> torch.Tensor:
     """Logits [T, vocab] of every position of one sequence [1, T] (T <= n_positions), f32."""
     m = model._require_built()
     ids = torch.as_tensor(input_ids).reshape(1, -1).to(model.device)
@@ -34,7 +35,7 @@ def sequence_logits(model: NeuronModel, input_ids: torch.Tensor) -> torch.Tensor
     return m.forward(ids, slots[None], slots, T, mask, logit_idx=slots[None])[0]
 
 
-def perplexity(model: NeuronModel, input_ids: torch.Tensor, window: int | None = None) -> float:
+def perplexity(model: CausalLM, input_ids: torch.Tensor, window: int | None = None) -> float:
     """exp(mean negative log-likelihood) over non-overlapping windows of ``window`` tokens."""
     ids = torch.as_tensor(input_ids).reshape(-1)
     window = window or model.n_positions
@@ -49,7 +50,7 @@ def perplexity(model: NeuronModel, input_ids: torch.Tensor, window: int | None =
     return math.exp(nll / n)
 
 
-def teacher_forced_agreement(model: NeuronModel, sequences: list[torch.Tensor], prompt_lens: list[int]) -> float:
+def teacher_forced_agreement(model: CausalLM, sequences: list[torch.Tensor], prompt_lens: list[int]) -> float:
     """Fraction of positions where ``model``'s argmax equals the next token of ``sequences`` (each a
     reference model's greedy continuation of its prompt): the greedy acceptance rate of ``model`` as a
     draft for that reference, independent of where free-running outputs first diverge."""

@@ -21,11 +21,15 @@ chunks), and ``sample`` takes ``top_k``/``top_p``/``temperature``/``generator``.
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
+from ..model_store import load_config, load_state_dict, resolve_model_path
 from .sampling import probabilities, validate_sampling_args
 
 
@@ -246,10 +250,6 @@ def expected_speedup(alpha: float, k: int, cost_ratio: float, verify_ratio: floa
 def write_truncated_draft(model_path, n_layers: int, dest) -> Path:
     """A layer-truncated copy of a Llama/Mistral checkpoint (the first ``n_layers`` blocks, the
     embeddings, final norm and LM head), written once to ``dest`` as a checkpoint directory."""
-    from safetensors.torch import save_file
-
-    from .model_store import load_config, load_state_dict, resolve_model_path
-
     src, dest = resolve_model_path(model_path), Path(dest)
     cfg = load_config(src)
     if not 1 <= n_layers <= cfg["num_hidden_layers"]:
@@ -275,8 +275,6 @@ def tv_distance(a: dict, b: dict) -> float:
 def tv_bound(n_samples: int, support: int, delta: float = 1e-3) -> float:
     """TV distance that an empirical distribution of ``n_samples`` draws exceeds with probability
     at most ``delta`` (Bretagnolle-Huber-Carol: P(|p_hat - p|_1 >= e) <= 2^V exp(-n e^2 / 2))."""
-    import math
-
     return 0.5 * math.sqrt(2 * (support * math.log(2) + math.log(1 / delta)) / n_samples)
 
 
@@ -313,8 +311,6 @@ def window_counts(sample_fn, n: int, prompt_len: int, width: int = 2, seed0: int
 
 def step_cost(model, k: int, repeats: int = 5, prompt_len: int = 16) -> float:
     """Median seconds of one ``k``-token forward (k=1: a decode step) at position ``prompt_len``."""
-    import statistics
-
     ids = torch.randint(10, 1000, (model.batch_size, k), generator=torch.Generator().manual_seed(0)).to(model.device)
     start = torch.zeros(model.batch_size, dtype=torch.long, device=model.device)
     kind = "token" if k == 1 else "speculative"
@@ -336,8 +332,6 @@ def sweep_k(build_target, draft_factory, ks, input_ids, sequence_length: int, eo
     warm-up, plain and speculative runs alternate ``repeats`` times (load on a shared machine hits
     both alike); the speeds are medians, ``speedup`` is the ratio of median times and
     ``speedup_range`` the (min, max) of the per-repeat ratios."""
-    import statistics
-
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     plain_model = build_target(0)
@@ -378,8 +372,6 @@ def sampler_sweep_k(build, ks, input_ids, sequence_length: int, eos_token_id=Non
     speculation_length=k)``), ``build(0)`` the plain target. After a warm-up, plain and speculative runs
     alternate ``repeats`` times; speeds are medians of wall times, ``identical``: token-identical outputs. The
     acceptance rate is not observable through ``sample()``, so it is not reported."""
-    import statistics
-
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     plain_model = build(0)

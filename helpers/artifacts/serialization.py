@@ -1,7 +1,7 @@
 """Saving and loading a built model: transformers-neuronx's ``save(dir[, sharded_weights])`` /
 ``load(dir)`` and NxD Inference's ``compile(path)`` / ``load(path)``, for the reference engine.
 
-A directory holds, per rank, the graphs of every bucket (``helpers/graphs.py``: files named by their
+A directory holds, per rank, the graphs of every bucket (``helpers.artifacts.manifest``: files named by their
 fingerprint and listed in ``graphs-rank{rank}.json`` with their sha256), ``neuron_config.json`` (the
 settings, for ``from_compiled``) and optionally the presharded weights
 ``weights/tp{rank}_sharded_checkpoint.safetensors`` (NxD Inference's file name) with a
@@ -17,11 +17,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from . import graphs as gr
-from .config import NeuronConfig
+from ..engine.config import NeuronConfig
+from ..engine.generation import eager_graphs
+from ..engine.model import Transformer
+from ..planning.buckets import NxDIBucketing
+from .graphs import ARTIFACTS, build_all
+from .manifest import FORMAT_VERSION, TORCH_VERSION, load_graphs, read_manifest, save_graphs
+from .presharded import load_rank_weights, save_rank_weights, weights_file
 
 
 def _rank(model) -> int:
@@ -36,7 +42,7 @@ def graph_fields(model) -> dict:
     rope = model.args.hf_config.get("rope_parameters") or model.args.hf_config.get("rope_scaling")
     arch = hashlib.sha256(json.dumps([a, rope], sort_keys=True, default=str).encode()).hexdigest()[:16]
     nc, args = model.neuron_config, model.args
-    return {"format": gr.FORMAT_VERSION, "torch": gr.TORCH_VERSION,
+    return {"format": FORMAT_VERSION, "torch": TORCH_VERSION,
             "model": f"{args.model_type}, {args.n_layers} layers, hidden {args.hidden_size}, sha256 {arch}",
             "batch_size": model.batch_size, "context_buckets": list(model.context_buckets),
             "token_buckets": list(model.token_buckets), "speculation_length": model.speculation_length,
@@ -67,10 +73,10 @@ def save_rank(directory, graphs: dict, fingerprint_fields: dict, report: list[di
     """One rank's part of ``save``: its graphs and manifest (+ its presharded weights ``w``, when given).
     Runs where the rank's graphs live: in this process, or in a ``helpers.parallel`` rank process."""
     d, rank = Path(directory), fingerprint_fields["rank"]
-    manifest = gr.save_graphs(d, graphs, fingerprint_fields, rank, report)
+    manifest = save_graphs(d, graphs, fingerprint_fields, rank, report)
     files = [d / e["file"] for e in manifest["graphs"]]
     if w is not None:
-        files.append(gr.save_rank_weights(d, w, meta, rank))
+        files.append(save_rank_weights(d, w, meta, rank))
     return {"graphs": len(manifest["graphs"]), "bytes": sum(f.stat().st_size for f in files)}
 
 
@@ -101,16 +107,29 @@ def save(model, directory, sharded_weights: bool = False, mark_presharded: bool 
 
 
 def check_saved(model, directory) -> dict:
-    """The manifest of this rank, after the fingerprint, presence and sha256 checks (helpers/graphs.py)."""
-    return gr.read_manifest(directory, graph_fields(model), _rank(model))
+    """The manifest of this rank, after the fingerprint, presence and sha256 checks (helpers.artifacts.manifest)."""
+    return read_manifest(directory, graph_fields(model), _rank(model))
 
 
 def load_presharded(model, rank: int):
-    return gr.load_rank_weights(model.model_path, rank, weights_meta(model, rank))
+    return load_rank_weights(model.model_path, rank, weights_meta(model, rank))
+
+
+def rank_graphs(tr: Transformer, kinds, batch: int, mode, load_dir=None, fields: dict | None = None, rank: int = 0):
+    """One rank's graph per (kind, bucket), its build report, and the folder an "aoti" build keeps its packages
+    in (it must live as long as the graphs): loaded from ``load_dir`` (``fingerprint fields`` with this rank; no
+    compilation), built ahead of time (``mode`` "export" / "aoti", ``helpers.artifacts.graphs``), or the eager
+    forward. The one implementation for a model's rank 0 and every tensor-parallel rank."""
+    if load_dir is not None:
+        return (*load_graphs(load_dir, tr, {**fields, "rank": rank}, rank, batch), None)
+    if mode in ARTIFACTS:
+        workdir = tempfile.TemporaryDirectory(prefix=f"aoti-rank{rank}-") if mode == "aoti" else None
+        return (*build_all(tr, kinds, batch, mode, workdir and workdir.name), workdir)
+    return (*eager_graphs(tr, kinds), None)
 
 
 def check_compile(model) -> None:
-    if model.neuron_config.compiled not in (True, *gr.ARTIFACTS):
+    if model.neuron_config.compiled not in (True, *ARTIFACTS):
         raise ValueError(f"compile() writes ahead-of-time graphs: build with NeuronConfig(compiled='export') or "
                          f"compiled='aoti' (got compiled={model.neuron_config.compiled!r})")
 
@@ -126,10 +145,9 @@ def compile_to(model, compiled_model_path, save_sharded_checkpoint: bool = False
 def from_compiled(cls, compiled_model_path, model_path=None, device: str = "cpu"):
     """NxD Inference ``load(path)``: the settings from ``neuron_config.json``, the presharded weights if
     saved (else ``model_path`` or the recorded checkpoint), the saved graphs; no compilation. A directory
-    compiled with tp_degree > 1 loads into ``helpers.parallel.ParallelModel`` (one process per rank), as
-    NxD Inference's ``load`` starts its ranks itself."""
-    from .buckets import NxDIBucketing
-
+    compiled with tp_degree > 1 loads into ``cls.class_for(tp_degree)``, the tensor-parallel class
+    (``helpers.parallel.ParallelModel``: one process per rank), as NxD Inference's ``load`` starts its ranks
+    itself."""
     d = Path(compiled_model_path)
     if not (d / "neuron_config.json").is_file():
         raise FileNotFoundError(f"{d}/neuron_config.json is missing: not a directory written by compile()")
@@ -139,11 +157,8 @@ def from_compiled(cls, compiled_model_path, model_path=None, device: str = "cpu"
                          "from_pretrained(..., neuron_config=...) and call load(path)")
     nx = s.pop("nxdi_bucketing")
     recorded = s.pop("model_path")
-    if int(s.get("tp_degree", 1)) > 1:
-        from .parallel import ParallelModel
-        if not issubclass(cls, ParallelModel):
-            cls = ParallelModel
-    presharded = gr.weights_file(d, 0).is_file() and (d / "config.json").is_file()
+    cls = cls.class_for(int(s.get("tp_degree", 1)))
+    presharded = weights_file(d, 0).is_file() and (d / "config.json").is_file()
     path = d if presharded else (model_path or recorded)
     m = cls.from_pretrained(path, neuron_config=NeuronConfig(**s.pop("neuron_config")), device=device,
                             nxdi_bucketing=None if nx is None else NxDIBucketing(**nx), **s)

@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .planner import PLATFORM_TP_DEGREES
+from ..neuron.runtime import FAMILIES
+from ..neuron.settings import TNX_GQA_VALUES
+from ..planning.memory import PLATFORM_TP_DEGREES
 
 ENTRY_POINT = "djl_python.transformers_neuronx"
 # Quick Start template keys and the quantization key of the guide.
@@ -22,11 +24,10 @@ TEMPLATE_OPTIONS = ("model_id", "entryPoint", "rolling_batch", "tensor_parallel_
 ADVANCED_OPTIONS = ("n_positions", "load_in_8bit", "unroll", "neuron_optimize_level", "context_length_estimate",
                     "low_cpu_mem_usage", "load_split_model", "compiled_graph_path", "group_query_attention",
                     "enable_mixed_precision_accumulation")
-GQA_VALUES = ("shard-over-heads", "shard-over-batch", "replicated-heads", "all-gather-heads")
 # Environment-variable names the guide gives for the template keys; other options are OPTION_<NAME>.
 ENV_NAMES = {"model_id": "HF_MODEL_ID", "tensor_parallel_degree": "TENSOR_PARALLEL_DEGREE",
              "entryPoint": "OPTION_ENTRYPOINT"}
-VALID_TP = {family: PLATFORM_TP_DEGREES[family] for family in ("inf2", "trn1")}  # the transformers-neuronx engine's families
+VALID_TP = {family: PLATFORM_TP_DEGREES[family] for family in FAMILIES}  # the transformers-neuronx engine's families
 
 
 @dataclass
@@ -102,8 +103,8 @@ def lmi_config(model_id: str, *, tp_degree: int, n_positions, batch_size: int = 
     gqa = getattr(nc, "group_query_attention", None)
     gqa = getattr(gqa, "value", gqa)
     if gqa is not None:
-        if gqa not in GQA_VALUES:
-            raise ValueError(f"group_query_attention={gqa!r}: use one of {GQA_VALUES}")
+        if gqa not in TNX_GQA_VALUES:
+            raise ValueError(f"group_query_attention={gqa!r}: use one of {TNX_GQA_VALUES}")
         options["group_query_attention"] = gqa
     quant = getattr(nc, "quant", None)
     if quant is not None:

@@ -10,27 +10,19 @@ typo there silently runs with the default.
 from __future__ import annotations
 
 import difflib
-import enum
 from dataclasses import dataclass, field, fields
 
-import torch
-
-AMP_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+from ..planning.gqa import GQA, as_strategy
 
 
-def amp_dtype(amp: str) -> torch.dtype:
-    if amp not in AMP_DTYPES:
-        raise ValueError(f"amp={amp!r} is not supported: use one of {sorted(AMP_DTYPES)} "
-                         "(transformers-neuronx names: 'f32', 'bf16', 'f16').")
-    return AMP_DTYPES[amp]
-
-
-def reject_unknown(kwargs: dict, known, where: str) -> None:
+def reject_unknown(kwargs, known, where: str, why: str | None = None) -> None:
+    """Refuse the first key of ``kwargs`` that is not in ``known``, naming the closest valid one;
+    ``why`` replaces the list of valid names at the end of the message (long lists)."""
     for key in kwargs:
         if key not in known:
-            close = difflib.get_close_matches(key, list(known), n=1)
+            close = difflib.get_close_matches(key, sorted(known), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise TypeError(f"{where} got an unknown keyword {key!r}.{hint} Valid: {sorted(known)}")
+            raise TypeError(f"{where} got an unknown keyword {key!r}.{hint} {why or f'Valid: {sorted(known)}'}")
 
 
 @dataclass(frozen=True)
@@ -89,20 +81,12 @@ class ModelArgs:
         return [] if e is None else ([e] if isinstance(e, int) else list(e))
 
 
-# transformers-neuronx GQA enum values (transformers_neuronx/constants.py)
-class GQA(str, enum.Enum):
-    SHARD_OVER_HEADS = "shard-over-heads"
-    SHARD_OVER_BATCH = "shard-over-batch"
-    REPLICATED_HEADS = "replicated-heads"
-    ALL_GATHER_HEADS = "all-gather-heads"
-
-
 @dataclass
 class NeuronConfig:
     """The subset of transformers-neuronx's ``NeuronConfig`` the reference engine implements,
     with the same keyword names, plus ``compiled`` (reference only): False = eager graphs,
     "export" (or True) = torch.export programs per bucket, "aoti" = AOTInductor packages per
-    bucket; both can be saved and loaded (helpers/graphs.py)."""
+    bucket; both can be saved and loaded (helpers.artifacts)."""
     group_query_attention: str | None = None
     quant: object | None = None
     fuse_qkv: bool = True
@@ -117,14 +101,12 @@ class NeuronConfig:
             setattr(self, f.name, kwargs.get(f.name, f.default))
         if self.group_query_attention is not None:
             # transformers-neuronx's GQA values, plus NxD Inference's two (reference engine only: NxDI itself
-            # has no such knob, it calls determine_sharding_strategy; see helpers/gqa.py)
-            from .gqa import as_strategy
-
+            # has no such knob, it calls determine_sharding_strategy; see helpers.planning.gqa)
             try:
                 self.group_query_attention = as_strategy(self.group_query_attention)
             except ValueError:
                 raise ValueError(f"group_query_attention={self.group_query_attention!r}: use a GQA member "
-                                 f"({', '.join(g.name for g in GQA)}), helpers.gqa.NxDIGQA "
+                                 f"({', '.join(g.name for g in GQA)}), helpers.planning.gqa.NxDIGQA "
                                  "(CONVERT_TO_MHA, REPLICATE_TO_TP_DEGREE) or its value") from None
         if self.compiled not in (False, True, "export", "aoti"):
             raise ValueError(f"compiled={self.compiled!r}: use False (eager), 'export' (or True: torch.export "

@@ -6,25 +6,23 @@ The same settings mean the same thing on every backend: ``batch_size``, ``n_posi
 """
 from __future__ import annotations
 
+from ..artifacts.model import NeuronModel
+from ..neuron.build import build_neuron_model
+from ..parallel.model import ParallelModel
 from .backend import Backend
-from .engine import NeuronModel
 
 
 def reference_class(tp_degree: int = 1) -> type[NeuronModel]:
     """The reference engine for a tensor-parallel degree: ``NeuronModel`` (one process) at 1,
     ``helpers.parallel.ParallelModel`` (one process per rank; same API, save/load included) above."""
     if int(tp_degree) > 1:
-        from .parallel import ParallelModel
-
         return ParallelModel
     return NeuronModel
 
 
 def build_model(bk: Backend, model_path=None, **settings):
     """Build and compile (``to_neuron()``) a model; returns an object with ``sample()``."""
-    if bk.is_neuron:
-        from .neuron import build_neuron_model  # imports the Neuron SDK; only on inf2/trn1
-
+    if bk.is_neuron:  # the Neuron SDK: only on inf2/trn1
         return build_neuron_model(bk.stack, model_path, **settings)
     cls = reference_class(settings.get("tp_degree", 1))
     return cls.from_pretrained(model_path, device=bk.device, **settings).to_neuron()

@@ -26,10 +26,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
-from .config import AMP_DTYPES
+from ..model_store import load_config, load_state_dict
+from ..planning.dtypes import AMP_DTYPES, QUANT_DTYPES
+from .config import ModelArgs
 
-QUANT_DTYPES = {"s8": torch.int8, "f8e4m3fn": torch.float8_e4m3fn}
 TNX_METHODS = ("vector_dynamic", "direct_cast")
 NXDI_METHODS = ("per_tensor_symmetric", "per_channel_symmetric")
 FP8_MAX = 240.0  # transformers_neuronx/constants.py FpBounds.max (Neuron's e4m3 range)
@@ -87,7 +90,7 @@ class QuantizationConfig:
 def check_quant_config(quant, amp: str) -> None:
     """Refuse a bad quantization setting before any build."""
     if not isinstance(quant, QuantizationConfig):
-        raise TypeError(f"neuron_config.quant must be a helpers.quant.QuantizationConfig, got {type(quant).__name__}")
+        raise TypeError(f"neuron_config.quant must be a helpers.engine.quant.QuantizationConfig, got {type(quant).__name__}")
     if quant.dequant_dtype != amp:
         raise ValueError(f"amp={amp!r} but quant.dequant_dtype={quant.dequant_dtype!r}: with int8 weight storage "
                          "amp must equal the dequant dtype (the weights are dequantized to amp at use; the "
@@ -96,7 +99,7 @@ def check_quant_config(quant, amp: str) -> None:
     path = quant.quantized_checkpoints_path
     if path is not None and not checkpoint_file(path).is_file():
         raise FileNotFoundError(f"Quantized checkpoint file not found: {checkpoint_file(path)} (NxDI's message). "
-                                "Write it once with helpers.quant.save_quantized_state_dict(model_path, quant).")
+                                "Write it once with helpers.engine.quant.save_quantized_state_dict(model_path, quant).")
 
 
 # -- storage ----------------------------------------------------------------------------------------
@@ -228,11 +231,6 @@ def save_quantized_state_dict(model_path, quant: QuantizationConfig) -> Path:
     """Quantize a checkpoint's decoder projections once and write them to ``quant.quantized_checkpoints_path``
     (NxDI's ``save_quantized_state_dict``): ``layers.N.<proj>.weight`` (8-bit) and ``.scale`` (f32) in one
     safetensors file. Everything else (norms, embedding, LM head) is read from the original checkpoint."""
-    from safetensors.torch import save_file
-
-    from .config import ModelArgs
-    from .model_store import load_config, load_state_dict
-
     if quant.quantized_checkpoints_path is None:
         raise ValueError("quant.quantized_checkpoints_path is required (NxDI asserts the same)")
     args = ModelArgs.from_hf(load_config(model_path))
@@ -257,9 +255,6 @@ def _meta(quant: QuantizationConfig) -> dict:
 
 
 def load_quantized_state_dict(quant: QuantizationConfig) -> dict:
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
     f = checkpoint_file(quant.quantized_checkpoints_path)
     with safe_open(str(f), framework="pt") as fh:
         meta = json.loads((fh.metadata() or {}).get("quantization", "{}"))
@@ -273,32 +268,3 @@ def _saved_part(saved: dict, layer: int, name: str):
     key = f"layers.{layer}.{name}"
     return saved[key + ".weight"], saved.get(key + ".scale")
 
-
-# The int8 modes each pinned Neuron stack stores weights in, as helpers.build_model(bk, ...) builds them.
-NEURON_QUANT_MODES = {"tnx": ("vector_dynamic",), "nxdi": NXDI_METHODS}
-
-
-def neuron_quant_settings(stack: str, method: str, amp: str, quantized_dir) -> dict:
-    """The ``helpers.build_model`` keywords that store the weights as int8 with ``method`` on a Neuron stack.
-
-    transformers-neuronx 0.13: ``QuantizationConfig(quant_dtype='s8', dequant_dtype=amp,
-    quantize_method='vector_dynamic')`` (per-channel scales; ``dequant_dtype`` must equal ``amp``). NxD
-    Inference 0.8: ``quantized=True`` with ``quantization_type`` per_channel_symmetric (what helpers.neuron maps
-    s8 to) or per_tensor_symmetric (an override), each read from its own quantized checkpoint, which
-    helpers.neuron writes once with ``save_quantized_state_dict`` under ``quantized_dir`` (created here: the
-    library's ``torch.save`` to a file path needs its folder)."""
-    from .config import NeuronConfig
-
-    if stack not in NEURON_QUANT_MODES:
-        raise ValueError(f"stack={stack!r}: use one of {list(NEURON_QUANT_MODES)}")
-    if method not in NEURON_QUANT_MODES[stack]:
-        raise ValueError(f"quantize_method={method!r} is not a mode of {stack}: use one of {NEURON_QUANT_MODES[stack]}")
-    if stack == "tnx":
-        return {"neuron_config": NeuronConfig(quant={"quant_dtype": "s8", "dequant_dtype": amp,
-                                                     "quantize_method": "vector_dynamic"})}
-    Path(quantized_dir).mkdir(parents=True, exist_ok=True)
-    kw = {"neuron_config": NeuronConfig(quant={"quant_dtype": "s8"}),
-          "quantized_checkpoints_path": str(Path(quantized_dir) / f"nxdi-{method}")}
-    if method == "per_tensor_symmetric":
-        kw["nxdi_overrides"] = {"quantization_type": "per_tensor_symmetric"}
-    return kw

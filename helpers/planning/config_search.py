@@ -3,12 +3,12 @@
 setting is valid, skip the shorter sequence lengths of that (tp, batch); append every result to a JSON
 file as soon as it is known and, when the file exists, resume from it with the same skip rules.
 
-Each candidate is predicted by ``helpers.planner``. With ``verify="neuron"`` (on an inf2/trn1 instance)
+Each candidate is predicted by ``helpers.planning.memory``. With ``verify="neuron"`` (on an inf2/trn1 instance)
 it is also compiled and loaded in its own process — "it is important to use separate processes for the
 tests, otherwise the neuron runtime will not properly release the devices" (004) — and that verdict wins::
 
-    python -m helpers.config_search search --model Llama-3.1-8B --instance inf2.48xlarge --out llama.json
-    python -m helpers.config_search search --model Llama-3.1-8B --model-path ./ckpt --verify neuron ...
+    python -m helpers.planning.config_search search --model Llama-3.1-8B --instance inf2.48xlarge --out llama.json
+    python -m helpers.planning.config_search search --model Llama-3.1-8B --model-path ./ckpt --verify neuron ...
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from .planner import RUNTIME_RESERVE, Shape, instance, load_model_config, plan
+from .dtypes import amp_dtype
+from .memory import RUNTIME_RESERVE, Shape, instance, load_model_config, plan
 
 BATCH_SIZES = (1, 4, 8, 16, 32, 64, 128)  # 004: "always the following"
 MIN_SEQUENCE_LENGTH = 1024
@@ -29,7 +30,7 @@ MIN_SEQUENCE_LENGTH = 1024
 def candidate_tp_degrees(inst, n_heads: int) -> list[int]:
     """004's rules — at least 2, a multiple of the cores per device (chip), at most the instance's cores
     (004 says "less than"; a whole instance is a valid choice, so <=), dividing the attention heads —
-    intersected with the degrees the Neuron runtime supports on the platform (planner.PLATFORM_TP_DEGREES)."""
+    intersected with the degrees the Neuron runtime supports on the platform (memory.PLATFORM_TP_DEGREES)."""
     it = instance(inst)
     return [t for t in it.tp_degrees if t >= 2 and t % it.cores_per_chip == 0 and n_heads % t == 0]
 
@@ -122,7 +123,7 @@ def verify_on_neuron(model_path, library: str, tp: int, batch: int, seq: int, am
     """Compile + load one candidate in a fresh process (so the runtime releases the cores)."""
     t0 = time.perf_counter()
     out_dir = Path(f"neuron_artifacts/config_search/{library}-tp{tp}-b{batch}-s{seq}")
-    cmd = [sys.executable, "-m", "helpers.config_search", "verify", "--library", library, "--model-path",
+    cmd = [sys.executable, "-m", "helpers.planning.config_search", "verify", "--library", library, "--model-path",
            str(model_path), "--tp", str(tp), "--batch", str(batch), "--seq", str(seq), "--amp", amp,
            "--out", str(out_dir)]
     try:
@@ -145,8 +146,6 @@ def _verify_main(a):
     import importlib
 
     from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
-
-    from .config import amp_dtype
 
     model_type = load_model_config(a.model_path)["model_type"]
     classes = {"llama": ("llama.modeling_llama", "NeuronLlamaForCausalLM"),

@@ -2,9 +2,10 @@
 
 transformers-neuronx's ``sample()`` calls ``streamer.put(token)`` with a (batch, 1) tensor after
 every step and ``streamer.end()`` once, never with the prompt (``sampling.py:sample_loop_llama``);
-the reference engine does the same. :class:`TimingStreamer` is a transformers ``BaseStreamer``
-that timestamps every ``put`` and forwards to an optional inner streamer (``TextStreamer``,
-``TextIteratorStreamer``), so the same object works with both backends.
+the reference engine does the same. :class:`ForwardingStreamer` is a transformers ``BaseStreamer``
+that keeps what it is handed and forwards it to an optional inner streamer (``TextStreamer``,
+``TextIteratorStreamer``); :class:`TimingStreamer` timestamps every ``put``, so the same object works
+with both backends.
 """
 from __future__ import annotations
 
@@ -16,11 +17,35 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 
-class TimingStreamer(BaseStreamer):
-    """Records each streamed step's tokens and the time it arrived (``perf_counter`` seconds)."""
+class ForwardingStreamer(BaseStreamer):
+    """A streamer that records what it is handed (:meth:`record`, :meth:`on_end`) and hands it on to
+    ``inner``: the one place where a wrapping streamer forwards."""
 
     def __init__(self, inner: BaseStreamer | None = None):
         self.inner = inner
+
+    def record(self, value) -> None:
+        """What this streamer keeps of one ``put`` (raise to refuse it before it is forwarded)."""
+
+    def on_end(self) -> None:
+        """What this streamer does at ``end``."""
+
+    def put(self, value):
+        self.record(value)
+        if self.inner is not None:
+            self.inner.put(value)
+
+    def end(self):
+        self.on_end()
+        if self.inner is not None:
+            self.inner.end()
+
+
+class TimingStreamer(ForwardingStreamer):
+    """Records each streamed step's tokens and the time it arrived (``perf_counter`` seconds)."""
+
+    def __init__(self, inner: BaseStreamer | None = None):
+        super().__init__(inner)
         self.start = time.perf_counter()
         self.times: list[float] = []
         self.chunks: list[torch.Tensor] = []
@@ -31,20 +56,16 @@ class TimingStreamer(BaseStreamer):
         self.start = time.perf_counter()
         self.times, self.chunks, self.ended = [], [], 0
 
-    def put(self, value: torch.Tensor):
+    def record(self, value: torch.Tensor):
         self.times.append(time.perf_counter() - self.start)
         value = torch.as_tensor(value)
         if value.dim() != 2 or value.shape[1] != 1:
             raise ValueError(f"expected a (batch, 1) tensor per step as transformers-neuronx puts it, got "
                              f"shape {tuple(value.shape)}")
         self.chunks.append(value.detach().cpu().clone())
-        if self.inner is not None:
-            self.inner.put(value)
 
-    def end(self):
+    def on_end(self):
         self.ended += 1
-        if self.inner is not None:
-            self.inner.end()
 
     @property
     def tokens(self) -> torch.Tensor:

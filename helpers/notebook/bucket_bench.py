@@ -1,7 +1,7 @@
 """Measurements behind notebook 07 (bucketing): time to first token per prompt length, per-token
 latency per KV position, and the build cost of each graph.
 
-Timings come from a :class:`~helpers.streaming.TimingStreamer` (one ``put`` per generated token),
+Timings come from a :class:`~helpers.engine.streaming.TimingStreamer` (one ``put`` per generated token),
 so they work with any model that has transformers-neuronx's ``sample()``: the reference engine
 and ``LlamaForSampling`` on Neuron. NxD Inference's generate adapter hands the streamer every token only
 after ``generate`` returns (``stats['ttft_s']`` is None): there TTFT is the time of a one-token generation
@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .streaming import TimingStreamer
+from ..engine.streaming import TimingStreamer
+from ..planning.buckets import tnx_find
 
 NO_EOS = -1
 
@@ -129,8 +130,6 @@ def profile_from_totals(model, input_ids, new_tokens: int, buckets=(), repeats: 
 
 def median_by_bucket(kv_lengths, latencies, buckets) -> dict[int, float]:
     """Median step latency per token bucket (transformers-neuronx selection: smallest bucket >= KV length)."""
-    from .buckets import tnx_find
-
     by = {}
     for n, dt in zip(kv_lengths, latencies):
         by.setdefault(tnx_find(buckets, int(n)), []).append(float(dt))

@@ -17,7 +17,7 @@ Facts (Neuron documentation, SDK 2.26-2.28):
   than the tensor-parallelism degree multiplied by the amount of memory per Neuron core" (NxD Inference
   feature guide, tensor-parallelism section; transformers-neuronx developer guide says the same with 16 GB).
 
-What is counted, per core, for the layout ``helpers.gqa`` computes (padding and replication included):
+What is counted, per core, for the layout ``helpers.planning.gqa`` computes (padding and replication included):
 q/k/v/o and the MLP (every expert for MoE) sharded over tp, the vocabulary-parallel LM head (vocabulary
 padded to a multiple of tp), the norms (replicated), the embedding (NxD Inference: sharded on device;
 transformers-neuronx: on the host unless ``on_device_embedding``), and the KV cache. int8 / fp8 weight
@@ -36,13 +36,14 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..model_store import load_config
+from .dtypes import amp_bytes
 from .gqa import head_padding_message, library_default, resolve_layout, round_up
 
 GiB = 2 ** 30
 GB = 10 ** 9
 RUNTIME_RESERVE = 0.15  # share of a core's HBM left to the runtime (see the module docstring)
 CONFIG_DIR = Path(__file__).parent / "model_configs"
-AMP_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 QUANT_BYTES = {None: None, "int8": 1, "s8": 1, "f8e4m3": 1, "f8e4m3fn": 1}
 
 # Reference 000: the allocation the user saw for Mistral-7B bf16 on one inf2 NeuronCore (tp_degree=1).
@@ -103,8 +104,6 @@ def load_model_config(model) -> dict:
     if isinstance(model, dict):
         return dict(model)
     if model in (None, "embedded"):
-        from .model_store import load_config
-
         return load_config(None)
     path = Path(model)
     if (CONFIG_DIR / str(model) / "config.json").is_file():
@@ -201,8 +200,7 @@ def plan(model, tp_degree: int, batch_size: int = 1, n_positions: int = 2048, am
     """Bytes per NeuronCore for one setting. ``gqa`` None: the library's default (with its fallbacks)."""
     cfg = load_model_config(model)
     s = Shape.from_config(cfg)
-    if amp not in AMP_BYTES:
-        raise ValueError(f"amp={amp!r}: use one of {sorted(AMP_BYTES)}")
+    wb = amp_bytes(amp)  # refuses an unknown amp
     if quantization not in QUANT_BYTES:
         raise ValueError(f"quantization={quantization!r}: use None, 'int8' ('s8') or 'f8e4m3' ('f8e4m3fn')")
     if library not in ("tnx", "nxdi"):
@@ -224,7 +222,7 @@ def plan(model, tp_degree: int, batch_size: int = 1, n_positions: int = 2048, am
     p.strategy, p.kv_mode = layout.name, layout.kv_mode
     p.n_heads_padded, p.q_heads_per_core, p.kv_heads_per_core = layout.n_heads_padded, layout.q_heads_per_rank, layout.kv_heads_per_rank
 
-    H, D, wb = s.hidden, s.head_dim, AMP_BYTES[amp]
+    H, D = s.hidden, s.head_dim
     lb = QUANT_BYTES[quantization] or wb                 # bytes per decoder linear weight
     q_cols = layout.n_heads_padded * D // tp              # q rows (o columns) a core holds
     kv_cols = round(layout.kv_weight_heads_per_rank * D)  # k rows, and v rows

@@ -15,7 +15,7 @@ NeuronConfig knob for the strategy: it always calls ``determine_sharding_strateg
 :func:`resolve_layout` returns a :class:`HeadLayout`: which query heads and which KV heads each rank
 holds (``-1`` is a zero padding head), and whether the cache is split over heads, over batch rows
 (SHARD_OVER_BATCH) or holds one KV head gathered from column slices (ALL_GATHER_HEADS with more ranks
-than KV heads). The engine (``helpers.parallel``) builds exactly these shards; the planner counts them.
+than KV heads). The engine (``helpers.engine.weights``) builds exactly these shards; the planner counts them.
 """
 from __future__ import annotations
 
@@ -23,7 +23,14 @@ import enum
 import warnings
 from dataclasses import dataclass
 
-from .config import GQA
+
+
+# transformers-neuronx GQA enum values (transformers_neuronx/constants.py)
+class GQA(str, enum.Enum):
+    SHARD_OVER_HEADS = "shard-over-heads"
+    SHARD_OVER_BATCH = "shard-over-batch"
+    REPLICATED_HEADS = "replicated-heads"
+    ALL_GATHER_HEADS = "all-gather-heads"
 
 
 class NxDIGQA(str, enum.Enum):

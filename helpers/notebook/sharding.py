@@ -6,10 +6,13 @@ import warnings
 
 import torch
 
+from ..engine.config import NeuronConfig
+from ..engine.weights import weight_breakdown
+from ..model_store import load_config
+from ..neuron.runtime import check_tp_degree
+from ..planning.gqa import GQA, NxDIGQA, library_default, resolve_layout
+from ..planning.memory import GiB, Shape, load_model_config, plan
 from .build import build_model
-from .config import GQA, NeuronConfig
-from .gqa import NxDIGQA, library_default, resolve_layout
-from .planner import GiB, Shape, load_model_config, plan
 
 TNX_REQUESTS = (None, GQA.SHARD_OVER_HEADS, GQA.SHARD_OVER_BATCH, GQA.REPLICATED_HEADS, GQA.ALL_GATHER_HEADS)
 NXDI_REQUESTS = (NxDIGQA.REPLICATE_TO_TP_DEGREE, NxDIGQA.CONVERT_TO_MHA)
@@ -24,10 +27,8 @@ def rank_memory(model) -> list[dict]:
     """Per rank: query/KV heads, weight and KV-cache bytes, cache shape — for NeuronModel and ParallelModel."""
     if getattr(model, "rank_reports", None):
         return model.rank_reports
-    from .parallel import weight_breakdown
-
     m = model.model
-    layout = m.w.extra.get("layout")  # set when a GQA strategy was requested (helpers.parallel.shard_state_tp)
+    layout = m.w.extra.get("layout")  # set when a GQA strategy was requested (helpers.engine.weights.shard_state)
     return [{"rank": 0, "weight_bytes": model.weight_bytes, "weights": weight_breakdown(m.w),
              "kv_bytes": model.kv_cache_bytes, "kv_cache_shape": list(m.k_cache.shape),
              "q_heads": list(layout.q_heads[0]) if layout else list(range(model.args.n_heads)),
@@ -76,8 +77,6 @@ def run_generation(bk, model_path, tp: int, enc, max_new_tokens: int, repeats: i
 def neuron_tp_degrees(tp_degrees, instance_family: str | None = None) -> tuple[list[int], dict[int, str]]:
     """The degrees the Neuron runtime runs on this instance family (``helpers.neuron.check_tp_degree``),
     and for each other one the reason it is left out."""
-    from .neuron import check_tp_degree
-
     ok, skipped = [], {}
     for tp in tp_degrees:
         try:
@@ -157,8 +156,6 @@ def strategy_sweep(bk, model_path, tp_degrees, batch_sizes, encode, max_new_toke
     """Every (tp, batch, requested strategy): what the library does with it, and — built once per distinct
     layout — whether the outputs equal the tp=1 default run for that batch. ``encode(batch)`` gives the prompts.
     ``extra_cases``: more (tp, batch, strategy) triples (e.g. a real SHARD_OVER_BATCH case)."""
-    from .model_store import load_config
-
     a = Shape.from_config(load_config(model_path))
     cases = [(tp, b, r) for b in batch_sizes for tp in tp_degrees for r in requests] + list(extra_cases)
     refs, built, rows = {}, {}, []
@@ -194,12 +191,10 @@ def strategy_sweep(bk, model_path, tp_degrees, batch_sizes, encode, max_new_toke
 def library_sweep(bk, model_path, tp_degrees, batch_sizes, encode, max_new_tokens: int, extra_cases=(),
                   **settings) -> list[dict]:
     """:func:`strategy_sweep` on a Neuron library (``bk.stack``). Requests: transformers-neuronx's default and its
-    four GQA values; NxD Inference has no knob, so its own choice only. A request that ``helpers.gqa`` (the
+    four GQA values; NxD Inference has no knob, so its own choice only. A request that ``helpers.planning.gqa`` (the
     libraries' fallback rules) says cannot be built is refused up front; the others are built once per
     distinct layout with ``helpers.build_model`` and compared by greedy tokens (``sample()`` returns no logits)
     with the tp=1 default run of the same batch."""
-    from .model_store import load_config
-
     a = Shape.from_config(load_config(model_path))
     tnx = bk.stack == "tnx"
     cases = [(tp, b, r) for b in batch_sizes for tp in tp_degrees for r in (TNX_REQUESTS if tnx else (None,))]

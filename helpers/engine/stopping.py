@@ -19,6 +19,15 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
+from .streaming import ForwardingStreamer
+
+
+def row_flags(value, batch: int, device=None) -> torch.Tensor:
+    """A criterion's answer as one bool per row: a per-row tensor as it is, one bool (tensor or not) for
+    every row."""
+    v = torch.as_tensor(value, dtype=torch.bool, device=device).reshape(-1)
+    return v.expand(batch) if v.numel() == 1 else v
+
 
 class RepeatedNgramCriteria(StoppingCriteria):
     """A custom criterion: stop a row once its last ``n`` tokens already appeared ``max_repeats``
@@ -40,20 +49,15 @@ class RepeatedNgramCriteria(StoppingCriteria):
         return count >= self.max_repeats
 
 
-class TokenTracker(BaseStreamer):
+class TokenTracker(ForwardingStreamer):
     """A streamer that keeps every generated token (batch, steps); chain it with another streamer."""
 
     def __init__(self, inner: BaseStreamer | None = None):
-        self.inner, self.chunks = inner, []
+        super().__init__(inner)
+        self.chunks = []
 
-    def put(self, value):
+    def record(self, value):
         self.chunks.append(torch.as_tensor(value).reshape(-1, 1).cpu())
-        if self.inner is not None:
-            self.inner.put(value)
-
-    def end(self):
-        if self.inner is not None:
-            self.inner.end()
 
     def generated(self, batch: int) -> torch.Tensor:
         if not self.chunks:
@@ -78,7 +82,7 @@ class TrackedCriteria(StoppingCriteria):
     def __call__(self, input_ids, scores=None, **kwargs):
         batch = self.prompt.shape[0]
         ids = torch.cat([self.prompt, self.tracker.generated(batch)], dim=1)
-        flags = torch.as_tensor(self.criteria(ids, scores), dtype=torch.bool).reshape(-1).expand(batch)
+        flags = row_flags(self.criteria(ids, scores), batch)
         self.done = flags if self.done is None else self.done | flags
         return bool(self.done.all()) if self.as_bool else self.done.clone()
 

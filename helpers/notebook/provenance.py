@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 
-from .backend import STACK_NAMES, STACKS, Backend
+from ..neuron.runtime import STACK_NAMES, STACKS
+from .backend import Backend
 
 # The distribution the neuron lanes install under the Neuron import names (tests/neuron_sim/pyproject.toml).
 STAND_IN_DISTRIBUTION = "neuron-stand-ins"

@@ -1,0 +1,13 @@
+"""The reference engine: a Neuron-compiled causal LM mirrored in plain PyTorch (gpt-fast style).
+
+Layer: above ``helpers.planning`` and ``helpers.model_store``; imports nothing above.
+
+- ``config``: the architecture (``ModelArgs``) and the compile-time settings (``NeuronConfig``)
+- ``weights``: one rank's weights: fused, cast, sharded over tp as the GQA layout says
+- ``model``: ``Transformer``, one rank's forward over a fixed-shape KV cache
+- ``kernels``: CPU matmul kernels for f32 decode, timed and chosen by an explicit call
+- ``quant``: int8 / fp8 weight storage
+- ``sampling``, ``streaming``, ``stopping``: token selection, the streamer and stopping-criteria contracts of ``sample()``
+- ``generation``: ``CausalLM``: buckets, one graph per bucket, ``forward``, ``sample``
+- ``speculative``: draft + target with k-token verification, and its analytic model
+"""

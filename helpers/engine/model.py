@@ -1,0 +1,156 @@
+"""The model: one rank's forward pass over a fixed-shape KV cache, in plain PyTorch (gpt-fast style).
+
+``Transformer`` holds one rank's weights (``helpers.engine.weights``: fused QKV and gate/up, as
+Neuron's ``fuse_qkv``), its KV cache (preallocated for the whole ``n_positions``) and a ``Comm`` for
+collectives (a no-op at tp=1). A layer is two blocks cut at the tensor-parallel all-reduces,
+``attn_block`` and ``mlp_block``: the units ``helpers.artifacts`` compiles per bucket.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from .config import ModelArgs
+from .weights import LayerWeights, RankWeights
+
+
+class Comm:
+    """Collectives of one tensor-parallel group; this one is the single-rank group."""
+    rank = 0
+    world_size = 1
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        return x
+
+
+def rope_inv_freq(args: ModelArgs) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and scaling, from transformers' own RoPE functions (llama3, yarn, ...)."""
+    rope = args.hf_config.get("rope_parameters") or args.hf_config.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type == "default":
+        d = args.head_dim
+        return 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float) / d)), 1.0
+    cfg = AutoConfig.for_model(**args.hf_config)
+    return ROPE_INIT_FUNCTIONS[rope_type](cfg)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # As transformers' LlamaRMSNorm: statistics in f32, scale in the input dtype. In f32 that is
+    # exactly torch's fused rms_norm (one kernel instead of six).
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """transformers' ``x * cos + rotate_half(x) * sin`` with the sign of rotate_half folded into
+    ``sin_signed`` = cat(-sin[:D/2], sin[D/2:]): three kernels instead of six."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.addcmul(x * cos, torch.cat((x2, x1), dim=-1), sin_signed)
+
+
+class Transformer:
+    """One rank's forward pass over a fixed-shape KV cache.
+
+    ``forward(tokens [B,T], rope_pos [B,T], slots [T], kv_len, mask [B,T,kv_len], logit_idx)``
+    writes this step's K/V at ``slots`` and attends over cache positions ``[0, kv_len)``.
+    """
+
+    def __init__(self, args: ModelArgs, w: RankWeights, comm: Comm, batch_size: int, n_positions: int,
+                 device: torch.device, dtype: torch.dtype):
+        self.args, self.w, self.comm = args, w, comm
+        self.dtype, self.device = dtype, device
+        self.linear = F.linear  # seam: CPU kernels (helpers.engine.kernels), int8 storage (helpers.engine.quant)
+        inv_freq, scale = rope_inv_freq(args)
+        pos = torch.arange(n_positions, dtype=torch.float)
+        freqs = pos[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = (emb.cos() * scale).to(device=device, dtype=dtype)
+        self.sin = (emb.sin() * scale).to(device=device, dtype=dtype)
+        half = args.head_dim // 2
+        self.sin_signed = torch.cat((-self.sin[:, :half], self.sin[:, half:]), dim=-1)
+        shape = (args.n_layers, batch_size, w.n_kv, n_positions, args.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+
+    def kv_cache_bytes(self) -> int:
+        return 2 * self.k_cache.numel() * self.k_cache.element_size()
+
+    def qkv(self, L: LayerWeights, h):
+        """Column-parallel fused projection -> q, k, v, each [B, T, heads * head_dim] of this rank.
+        Seam: ``helpers.parallel`` splits by its layout's columns (SHARD_OVER_BATCH, ALL_GATHER_HEADS)."""
+        nq, nkv = self.w.n_q * self.args.head_dim, self.w.n_kv * self.args.head_dim
+        qkv = self.linear(h, L.wqkv, L.bqkv)
+        return qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
+
+    def attention(self, q, k, v, k_cache, v_cache, cos, sin, slots, kv_len: int, attn_mask):
+        """RoPE (``cos``/``sin`` [B, T, 1, D], ``sin`` sign-folded, see ``apply_rope``), write K/V at ``slots``
+        of the layer's cache (``k_cache``/``v_cache`` [B, kv_heads, n_positions, D]), attend over
+        [0, kv_len) -> [B, T, n_q * head_dim]. Seam: ``helpers.parallel`` exchanges rows and heads around it
+        (SHARD_OVER_BATCH)."""
+        B, T, _ = q.shape
+        D = self.args.head_dim
+        q = apply_rope(q.reshape(B, T, -1, D), cos, sin).transpose(1, 2)
+        k = apply_rope(k.reshape(B, T, -1, D), cos, sin).transpose(1, 2)
+        v = v.reshape(B, T, -1, D).transpose(1, 2)
+        k_cache.index_copy_(2, slots, k)
+        v_cache.index_copy_(2, slots, v)
+        k, v = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]
+        if self.w.kv_group is not None:  # arbitrary q->kv mapping (padded / replicated layouts)
+            o = F.scaled_dot_product_attention(q, k[:, self.w.kv_group], v[:, self.w.kv_group], attn_mask=attn_mask)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=self.w.n_q != self.w.n_kv)
+        return o.transpose(1, 2).reshape(B, T, -1)
+
+    def attn_block(self, x, L: LayerWeights, k_cache, v_cache, cos, sin, slots, kv_len: int, attn_mask):
+        """One layer's attention from its input norm to o_proj, up to the all-reduce (one compiled graph
+        per bucket in helpers.artifacts)."""
+        h = rms_norm(x, L.ln1, self.args.rms_norm_eps)
+        q, k, v = self.qkv(L, h)
+        return self.linear(self.attention(q, k, v, k_cache, v_cache, cos, sin, slots, kv_len, attn_mask), L.wo)
+
+    def mlp_block(self, x, L: LayerWeights):
+        """One layer's gated MLP up to its all-reduce."""
+        h = rms_norm(x, L.ln2, self.args.rms_norm_eps)
+        g, u = self.linear(h, L.w13).chunk(2, dim=-1)
+        return self.linear(F.silu(g) * u, L.w2)
+
+    @torch.inference_mode()
+    def forward(self, tokens, rope_pos, slots, kv_len: int, mask, logit_idx=None, blocks=None):
+        """``blocks`` = (attn, mlp) callables with the signatures of ``attn_block`` / ``mlp_block``:
+        the compiled per-bucket graphs of helpers.artifacts; None = eager. The all-reduces stay here,
+        between blocks, so a compiled graph of a heads-sharded layout contains no collective."""
+        a, w = self.args, self.w
+        B, T = tokens.shape
+        attn, mlp = blocks or (self.attn_block, self.mlp_block)
+        x = F.embedding(tokens, w.embed)
+        cos = self.cos[rope_pos].unsqueeze(2)  # [B,T,1,D]: RoPE is applied before the head transpose
+        sin = self.sin_signed[rope_pos].unsqueeze(2)
+        attn_mask = mask.unsqueeze(1)
+        for i, L in enumerate(w.layers):
+            o = self.comm.all_reduce(attn(x, L, self.k_cache[i], self.v_cache[i], cos, sin, slots, kv_len, attn_mask))
+            x = x + o if L.bo is None else x + o + L.bo
+            x = x + self.comm.all_reduce(mlp(x, L))
+        if logit_idx is not None:
+            x = x[torch.arange(B, device=x.device)[:, None], logit_idx]
+        x = rms_norm(x, w.norm, a.rms_norm_eps)
+        logits = self.comm.all_gather(self.linear(x, w.lm_head), dim=-1)
+        return logits[..., : w.vocab_size].float()
+
+
+def build_mask(slots: torch.Tensor, start_ids: torch.Tensor, kv_len: int, window: int | None) -> torch.Tensor:
+    """[B, T, kv_len] bool: a query at cache slot i sees slot j iff start_b <= j <= i (and i - j < window)."""
+    j = torch.arange(kv_len, device=slots.device)
+    i = slots[:, None]
+    vis = (j[None, :] <= i)
+    if window:
+        vis = vis & (i - j[None, :] < window)
+    return vis[None, :, :] & (j[None, None, :] >= start_ids[:, None, None])
+

@@ -1,0 +1,157 @@
+"""One rank's weights: the checkpoint's tensors fused (q/k/v and gate/up, as Neuron's ``fuse_qkv``),
+cast, and sharded for tensor parallelism.
+
+As in transformers-neuronx / NxD Inference (Megatron-style): q/k/v and gate/up are column-parallel,
+o and down are row-parallel, the LM head is vocabulary-parallel; query heads are padded up to a
+multiple of ``tp_degree`` and KV heads replicated or split as the GQA strategy says
+(``helpers.planning.gqa``). At tp=1 without a GQA setting the tensors are the checkpoint's own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..planning.gqa import HeadLayout, resolve_layout, round_up
+from .config import ModelArgs
+
+
+@dataclass
+class LayerWeights:
+    wqkv: torch.Tensor      # [(q_local + 2 * kv_local) * head_dim, hidden]   column-parallel
+    wo: torch.Tensor        # [hidden, q_local * head_dim]                      row-parallel
+    w13: torch.Tensor       # [2 * ffn_local, hidden]  (gate; up)               column-parallel
+    w2: torch.Tensor        # [hidden, ffn_local]                               row-parallel
+    ln1: torch.Tensor
+    ln2: torch.Tensor
+    bqkv: torch.Tensor | None = None
+    bo: torch.Tensor | None = None
+
+
+@dataclass
+class RankWeights:
+    """One rank's shard. ``n_q``/``n_kv`` are this rank's (padded) head counts."""
+    embed: torch.Tensor     # [vocab, hidden] (replicated)
+    norm: torch.Tensor
+    lm_head: torch.Tensor   # [vocab_local, hidden]   vocabulary-parallel
+    layers: list[LayerWeights]
+    n_q: int
+    n_kv: int
+    vocab_size: int         # the unpadded vocabulary (gathered logits are cut to it)
+    kv_group: torch.Tensor | None = None  # per local q head: index of its local kv head (None: n_q // n_kv groups)
+    extra: dict = field(default_factory=dict)
+
+
+def _chunk(t: torch.Tensor, dim: int, tp: int, rank: int) -> torch.Tensor:
+    """Rank's slice of ``t`` along ``dim`` after zero-padding it to a multiple of tp (a copy for tp > 1)."""
+    if tp == 1:
+        return t
+    size = t.shape[dim]
+    padded = round_up(size, tp)
+    if padded != size:
+        pad = list(t.shape)
+        pad[dim] = padded - size
+        t = torch.cat([t, t.new_zeros(pad)], dim=dim)
+    return t.narrow(dim, rank * (padded // tp), padded // tp).clone()
+
+
+
+
+def _heads(t: torch.Tensor, heads, head_dim: int, dim: int) -> torch.Tensor:
+    """Stack the given heads' slices of ``t`` along ``dim``; head -1 is a zero (padding) head. Every head in
+    order is ``t`` itself."""
+    if list(heads) == list(range(t.shape[dim] // head_dim)):
+        return t
+    parts = []
+    for h in heads:
+        if h >= 0:
+            parts.append(t.narrow(dim, h * head_dim, head_dim))
+        else:
+            shape = list(t.shape)
+            shape[dim] = head_dim
+            parts.append(t.new_zeros(shape))
+    return torch.cat(parts, dim=dim)
+
+
+def shard_state(state, args: ModelArgs, dtype: torch.dtype, rank: int = 0, tp: int = 1, gqa=None,
+                batch_size: int | None = None) -> RankWeights:
+    """One rank's weights. ``gqa``: a strategy (resolved here, with the library's fallbacks) or a HeadLayout.
+    ``extra`` records the layout, the rank and the fused QKV split whenever there is a layout to follow
+    (tp > 1 or a GQA setting): what ``helpers.parallel``'s attention reads."""
+    layout = gqa if isinstance(gqa, HeadLayout) else resolve_layout(
+        args.n_heads, args.n_kv_heads, args.head_dim, tp, batch_size, gqa)
+    if layout.tp != tp:
+        raise ValueError(f"layout is for tp_degree={layout.tp}, asked for {tp}")
+    D, mode = args.head_dim, layout.kv_mode
+    q_heads, kv_heads = layout.q_heads[rank], layout.kv_heads[rank]
+
+    def get(name):
+        return state[name].to(dtype)
+
+    def q_part(t, dim):   # q rows (dim 0) / o columns (dim 1)
+        return _chunk(t, dim, tp, rank) if mode == "batch" else _heads(t, q_heads, D, dim)
+
+    def kv_part(t):
+        return _heads(t, kv_heads, D, 0) if mode == "heads" else _chunk(t, 0, tp, rank)
+
+    layers = []
+    for i in range(args.n_layers):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        q, k, v = q_part(get(a + "q_proj.weight"), 0), kv_part(get(a + "k_proj.weight")), kv_part(get(a + "v_proj.weight"))
+        bqkv = None
+        if args.attention_bias:
+            bqkv = torch.cat([q_part(get(a + "q_proj.bias"), 0), kv_part(get(a + "k_proj.bias")),
+                              kv_part(get(a + "v_proj.bias"))])
+        layers.append(LayerWeights(
+            wqkv=torch.cat([q, k, v]),
+            wo=q_part(get(a + "o_proj.weight"), 1),
+            w13=torch.cat([_chunk(get(m + "gate_proj.weight"), 0, tp, rank), _chunk(get(m + "up_proj.weight"), 0, tp, rank)]),
+            w2=_chunk(get(m + "down_proj.weight"), 1, tp, rank),
+            ln1=get(f"model.layers.{i}.input_layernorm.weight"),
+            ln2=get(f"model.layers.{i}.post_attention_layernorm.weight"),
+            bqkv=bqkv,
+            bo=get(a + "o_proj.bias") if args.attention_bias and (a + "o_proj.bias") in state else None,
+        ))
+    embed = get("model.embed_tokens.weight")
+    lm = embed if args.tie_word_embeddings or "lm_head.weight" not in state else get("lm_head.weight")
+    kv_group = layout.kv_group(rank)
+    extra = {"layout": layout, "rank": rank, "qkv_cols": (q.shape[0], k.shape[0], v.shape[0])}
+    return RankWeights(
+        embed=embed, norm=get("model.norm.weight"), lm_head=_chunk(lm, 0, tp, rank), layers=layers,
+        n_q=args.n_heads if mode == "batch" else len(q_heads), n_kv=len(kv_heads), vocab_size=args.vocab_size,
+        kv_group=None if kv_group is None else torch.tensor(kv_group),
+        extra=extra if tp > 1 or gqa is not None else {})
+
+
+def weight_breakdown(w: RankWeights) -> dict:
+    """Bytes of one rank's weights by part (the embedding is replicated; tnx keeps it on the host)."""
+    nbytes = lambda t: 0 if t is None else t.numel() * t.element_size()  # noqa: E731
+    layers = sum(nbytes(getattr(L, n)) for L in w.layers for n in ("wqkv", "wo", "w13", "w2", "bqkv", "bo"))
+    norms = nbytes(w.norm) + sum(nbytes(L.ln1) + nbytes(L.ln2) for L in w.layers)
+    lm_head = 0 if w.lm_head is w.embed else nbytes(w.lm_head)
+    return {"embedding": nbytes(w.embed), "layers": layers, "norms": norms, "lm_head": lm_head}
+
+
+def move_weights(w: RankWeights, device: torch.device) -> RankWeights:
+    """Put every tensor on the device (tied tensors stay one tensor). On CPU, copy the tensors that
+    safetensors left at unaligned offsets: BLAS kernels round differently on unaligned data, and the
+    model must compute bit for bit the same whether its weights came from the checkpoint or from
+    presharded files (helpers.artifacts)."""
+    memo = {}
+
+    def mv(t):
+        if not torch.is_tensor(t):
+            return t
+        if id(t) not in memo:
+            if device.type != "cpu":
+                memo[id(t)] = t.to(device)
+            else:
+                memo[id(t)] = t if t.data_ptr() % 64 == 0 else t.clone()
+        return memo[id(t)]
+
+    w.embed, w.norm, w.lm_head, w.kv_group = mv(w.embed), mv(w.norm), mv(w.lm_head), mv(w.kv_group)
+    for L in w.layers:
+        for name, t in list(vars(L).items()):
+            setattr(L, name, mv(t))
+    w.extra = {k: mv(v) for k, v in w.extra.items()}
+    return w

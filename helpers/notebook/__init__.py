@@ -1,0 +1,14 @@
+"""What the notebooks share: the backend switch, one way to build a model on every backend, measurements,
+reports and plots, metrics and provenance, the deploy step.
+
+Layer: the top floor; may import every layer below (``helpers.parallel``, ``helpers.neuron``,
+``helpers.artifacts``, ``helpers.engine``, ``helpers.planning``, ``helpers.model_store``, ``helpers.prompts``).
+
+- ``backend``: ``backend`` = auto | reference | neuron, and the guards of Neuron-only cells
+- ``build``: ``build_model`` / ``load_model``, dispatching to the reference engine, its ranks or a Neuron stack
+- ``sharding``: tensor-parallel and GQA-sharding runs, tables and drawings (notebooks 01, 02)
+- ``bucket_bench``: TTFT and per-position latency per bucket (notebook 07)
+- ``evaluate``: perplexity, greedy agreement, decode speed (notebooks 05, 06)
+- ``lmi``: the DJL LMI ``serving.properties`` of the notebook's settings
+- ``metrics``, ``provenance``: the figures a notebook writes, and what produced them
+"""
