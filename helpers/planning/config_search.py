@@ -13,6 +13,7 @@ tests, otherwise the neuron runtime will not properly release the devices" (004)
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -143,8 +144,6 @@ def _verify_main(a):
                                                            tp_degree=a.tp, amp=a.amp)
         model.to_neuron()
         return
-    import importlib
-
     from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
 
     model_type = load_model_config(a.model_path)["model_type"]
