@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import helpers  # noqa: E402
 from helpers.prompts import SPECULATION_TASKS, encode_prompts  # noqa: E402
-from helpers.speculative import (ModelDraft, PromptLookupDraft, expected_speedup, step_cost, sweep_k,  # noqa: E402
+from helpers.engine.speculative import (ModelDraft, PromptLookupDraft, expected_speedup, step_cost, sweep_k,  # noqa: E402
                                  write_truncated_draft)
 
 

@@ -39,6 +39,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import helpers  # noqa: E402
+from helpers.engine import kernels as engine_kernels  # noqa: E402
+from helpers.planning.dtypes import amp_dtype  # noqa: E402
 
 GOAL = {"amp": "f32", "batch_size": 1, "engine_over_hf": 2.0, "engine_over_roofline": 0.6}
 TEXT = ("The history of astronomy spans thousands of years, from the first careful records of the night sky "
@@ -80,15 +82,15 @@ def memory_bandwidth(mib: int, repeats: int) -> dict:
 def gemv_bandwidth(dtype: torch.dtype, repeats: int) -> dict:
     """GB/s of batch-1 matmuls over LM-head-sized weights: ``F.linear`` (MKL) in the checkpoint's
     [out, in] layout and column-major, and the reduction split over the threads on column-major
-    (``helpers.engine.split_k_linear``): how close each kernel gets to the bandwidth. The engine
-    uses whichever of the last two ``helpers.engine.tune_matmuls`` measures faster on the model."""
+    (``helpers.engine.kernels.split_k_linear``): how close each kernel gets to the bandwidth. The engine
+    uses whichever of the last two ``helpers.engine.kernels.tune_matmuls`` measures faster on the model."""
     ws = [torch.randn(49152, 576).to(dtype) for _ in range(4)]  # 4 x 113 MB (f32): no cache reuse
     x = torch.randn(1, 576).to(dtype)
     out = {}
     for name, layout, linear in (("row_major", lambda w: w, F.linear),
-                                 ("column_major", helpers.engine.column_major, F.linear),
-                                 ("split_k", helpers.engine.column_major,
-                                  lambda x, w: helpers.engine.split_k_linear(x, w, None, torch.get_num_threads()))):
+                                 ("column_major", engine_kernels.column_major, F.linear),
+                                 ("split_k", engine_kernels.column_major,
+                                  lambda x, w: engine_kernels.split_k_linear(x, w, None, torch.get_num_threads()))):
         mats = [layout(w) for w in ws]
         linear(x, mats[0])
         gbs = []
@@ -148,7 +150,7 @@ def kv_bytes_per_step(args, dtype, batch: int, positions: float) -> float:
 
 
 def bench_config(amp: str, batch: int, a, tokenizer, bw: dict, device) -> dict:
-    dtype = helpers.config.amp_dtype(amp)
+    dtype = amp_dtype(amp)
     P, N = a.prompt_tokens, a.new_tokens
     ids = make_prompt(tokenizer, P, batch).to(device)
     mask = torch.ones_like(ids)
@@ -242,7 +244,7 @@ def matmul_pause_cost(m, batch: int, pause_us: float = 10.0, repeats: int = 5) -
     back to back, then with a busy-wait of ``pause_us`` between matmuls (as the other ops of a step
     sit between them). ``extra_us`` = what each pause costs beyond its own length."""
     tr = m._require_built()
-    weights = helpers.engine.decode_matrices(tr.w)
+    weights = engine_kernels.decode_matrices(tr.w)
     xs = {k: torch.randn(batch, k, dtype=tr.dtype, device=tr.device) for k in {t.shape[1] for t in weights}}
 
     def busy():
@@ -250,7 +252,7 @@ def matmul_pause_cost(m, batch: int, pause_us: float = 10.0, repeats: int = 5) -
         while time.perf_counter() < end:
             pass
 
-    passes = lambda pause: helpers.engine.matmul_pass_seconds(tr.linear, weights, xs, repeats, pause)  # noqa: E731
+    passes = lambda pause: engine_kernels.matmul_pass_seconds(tr.linear, weights, xs, repeats, pause)  # noqa: E731
     with torch.inference_mode():
         passes(None)  # warm-up
         plain, paused = passes(None), passes(busy)
@@ -364,13 +366,13 @@ def main(argv=None) -> int:
                 print_config(r)
                 results.append(r)
         if device.type == "cpu":
-            tuned = helpers.engine.matmul_tuning.get(torch.get_num_threads()) or {}
-            kernels = {case: helpers.engine.matmul_kernel(case) for case in helpers.engine.MATMUL_KERNELS}
-            print("\nengine's f32 matmul kernels (helpers.engine.tune_matmuls, ms per pass over the model's weights):")
+            tuned = engine_kernels.matmul_tuning.get(torch.get_num_threads()) or {}
+            kernels = {case: engine_kernels.matmul_kernel(case) for case in engine_kernels.MATMUL_KERNELS}
+            print("\nengine's f32 matmul kernels (helpers.engine.kernels.tune_matmuls, ms per pass over the model's weights):")
             for case, kernel in kernels.items():
-                label = "1 row" if case == "one_row" else f"{tuned.get('n_rows', helpers.engine.MATMUL_TUNE_ROWS)} rows"
+                label = "1 row" if case == "one_row" else f"{tuned.get('n_rows', engine_kernels.MATMUL_TUNE_ROWS)} rows"
                 ms = tuned.get(case, {}).get("ms")
-                how = ", ".join(f"{k} {v:.1f}" for k, v in ms.items()) if ms else f"${helpers.engine.MATMUL_ENV[case]} or the default"
+                how = ", ".join(f"{k} {v:.1f}" for k, v in ms.items()) if ms else f"${engine_kernels.MATMUL_ENV[case]} or the default"
                 print(f"  {label:8s} {kernel:8s} ({how})")
             machine["matmul_kernels"], machine["matmul_tuning"] = kernels, tuned or None
         load1 = os.getloadavg()

@@ -3,13 +3,13 @@
 A house of floors: each folder is one layer and imports only the floors below it (tests/test_house.py
 checks it), from the ground up:
 
-- ``helpers.model_store``, ``helpers.prompts``: the ground floor: checkpoints (the embedded SmolLM2, the HF oracle) and prompts; import nothing from helpers
-- ``helpers.planning``: the pinned libraries' rules (dtypes, buckets, GQA, tp degrees) and the planners (memory, buckets, config search); imports the ground floor
-- ``helpers.engine``: the reference engine (model, weights, CPU kernels, int8, sampling loop, speculation); imports planning and the ground floor
-- ``helpers.artifacts``: graphs compiled ahead of time and their persistence, and ``NeuronModel``; imports engine and below
-- ``helpers.parallel``: tensor parallelism, one process per rank (``ParallelModel``, ``python -m helpers.parallel``); imports artifacts and below
-- ``helpers.neuron``: the adapter to the real SDKs (transformers-neuronx, NxD Inference); imports engine and below
-- ``helpers.notebook``: what the notebooks share (backend switch, ``build_model``, reports, plots, metrics); imports every floor
+- ``model_store``, ``prompts`` (ground floor): checkpoints, the HF oracle, prompts; import nothing from helpers
+- ``planning/``: the pinned libraries' rules (dtypes, buckets, GQA, tp degrees) and the planners; imports the ground
+- ``engine/``: the reference engine: model, weights, CPU kernels, int8, the sampling loop; imports planning, ground
+- ``artifacts/``: graphs compiled ahead of time, their persistence, ``NeuronModel``; imports engine and below
+- ``parallel/``: tensor parallelism, one process per rank (``ParallelModel``); imports artifacts and below
+- ``neuron/``: the adapter to the real SDKs (transformers-neuronx, NxD Inference); imports engine and below
+- ``notebook/``: what the notebooks share (backend, ``build_model``, reports, plots, metrics); imports every floor
 - ``helpers`` (this face): the names notebooks call as ``helpers.xxx``
 """
 from .artifacts.model import LlamaForSampling, MistralForSampling, NeuronAutoModelForCausalLM, NeuronModel

@@ -66,7 +66,7 @@ def test_engine_is_greedy_identical_to_hf(report):
 
 
 def test_column_major_layout_keeps_values_and_shapes():
-    from helpers.engine import column_major
+    from helpers.engine.kernels import column_major
 
     w = torch.randn(96, 64)
     c = column_major(w)
@@ -83,7 +83,7 @@ def test_cpu_linear_is_f_linear(threads, rows, bias, kernel, monkeypatch):
     """The engine's f32 CPU linear (either one-row kernel, oneDNN or MKL for several rows) computes
     F.linear, for every thread count, row count and bias; weights it does not handle (row-major,
     bf16) go to F.linear itself."""
-    from helpers.engine import MATMUL_ENV, column_major, cpu_linear
+    from helpers.engine.kernels import MATMUL_ENV, column_major, cpu_linear
 
     monkeypatch.setenv(MATMUL_ENV["one_row"], kernel)
     monkeypatch.setenv(MATMUL_ENV["rows"], "onednn" if kernel == "split-k" else "mkl")
@@ -108,7 +108,7 @@ def test_matmul_kernels_are_tuned_once_on_big_weights(monkeypatch):
     """tune_matmuls times the kernels on weights larger than the caches, once per thread count, and
     cpu_linear then runs the winners (any kernel computes F.linear); small weights skip the timing;
     $NEURON_NB_GEMV / $NEURON_NB_GEMM force a kernel and an unknown one is refused by name."""
-    import helpers.engine as E
+    import helpers.engine.kernels as E
 
     for env in E.MATMUL_ENV.values():
         monkeypatch.delenv(env, raising=False)
@@ -140,7 +140,7 @@ def test_matmul_kernels_are_tuned_once_on_big_weights(monkeypatch):
 
 
 def test_cpu_linear_serves_the_f32_cpu_engine_only():
-    from helpers.engine import cpu_linear
+    from helpers.engine.kernels import cpu_linear
 
     m = helpers.NeuronModel(None, batch_size=1, n_positions=128).to_neuron()
     assert m.model.linear is cpu_linear and m.model.w.layers[0].w2.t().is_contiguous()

@@ -4,8 +4,8 @@ import torch
 import pytest
 
 import helpers
-from helpers import bucket_bench as bb
-from helpers.buckets import tnx_find
+from helpers.notebook import bucket_bench as bb
+from helpers.planning.buckets import tnx_find
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from helpers import bucket_planner as bp
+from helpers.planning import bucket_planner as bp
 
 
 def test_padded_tokens_hand_computed():

@@ -4,7 +4,7 @@ transformers-neuronx 0.13 ``bucket.py`` / ``utils.power_of_two_bucket_sizes``, N
 import pytest
 
 from helpers import NeuronModel
-from helpers import buckets as bk
+from helpers.planning import buckets as bk
 
 
 @pytest.mark.parametrize("n, expected", [

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from helpers import config_search as C
+from helpers.planning import config_search as C
 
 MISTRAL = "Mistral-7B-Instruct-v0.2"
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import helpers
-from helpers import buckets as bk
+from helpers.planning import buckets as bk
 
 
 def _ids(n, batch=1):

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import helpers
-from helpers.evaluate import decode_tokens_per_s, sampled_agreement, teacher_forced_agreement
+from helpers.notebook.evaluate import decode_tokens_per_s, sampled_agreement, teacher_forced_agreement
 from tiny_models import write_tiny
 
 

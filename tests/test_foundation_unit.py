@@ -8,11 +8,12 @@ from transformers import StoppingCriteriaList, StopStringCriteria
 
 import helpers
 from helpers import model_store
-from helpers.backend import Backend, resolve_backend, run_neuron_cell
-from helpers.config import NeuronConfig, amp_dtype
+from helpers.notebook.backend import Backend, resolve_backend, run_neuron_cell
+from helpers.engine.config import NeuronConfig
+from helpers.planning.dtypes import amp_dtype
 from helpers.prompts import encode_prompts
-from helpers.stopping import PromptOnlyCall, RepeatedNgramCriteria, TokenTracker, TrackedCriteria, fires_at
-from helpers.streaming import TimingStreamer, latency_stats, streaming_overhead
+from helpers.engine.stopping import PromptOnlyCall, RepeatedNgramCriteria, TokenTracker, TrackedCriteria, fires_at
+from helpers.engine.streaming import TimingStreamer, latency_stats, streaming_overhead
 from tiny_models import write_tiny
 
 

@@ -6,8 +6,9 @@ import warnings
 
 import pytest
 
-from helpers.config import GQA, NeuronConfig
-from helpers.gqa import (NxDIGQA, head_padding_message, nxdi_determine_sharding_strategy, nxdi_shardable_head_counts,
+from helpers.engine.config import NeuronConfig
+from helpers.planning.gqa import GQA
+from helpers.planning.gqa import (NxDIGQA, head_padding_message, nxdi_determine_sharding_strategy, nxdi_shardable_head_counts,
                          resolve_layout, tnx_check_gqa_fallback, tnx_qkv_padding)
 
 SOH, SOB, REP, AG = GQA.SHARD_OVER_HEADS, GQA.SHARD_OVER_BATCH, GQA.REPLICATED_HEADS, GQA.ALL_GATHER_HEADS

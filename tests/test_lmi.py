@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import lmi
+from helpers.notebook import lmi
 
 GUIDE_NAME = "002_8213bce91041d037.txt"
 

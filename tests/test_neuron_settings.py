@@ -8,7 +8,7 @@ import torch
 
 import helpers
 from helpers import neuron
-from helpers.buckets import nxdi_select, tnx_find
+from helpers.planning.buckets import nxdi_select, tnx_find
 
 
 def test_tnx_mapping_keeps_the_reference_names():
@@ -41,8 +41,8 @@ def test_nxdi_default_context_buckets_are_nxdis(n_positions, expected):
 def test_nxdi_compiles_the_same_buckets_as_tnx(n_positions, cle):
     tnx = neuron.neuron_settings("tnx", n_positions=n_positions, context_length_estimate=cle)
     nx = neuron.neuron_settings("nxdi", n_positions=n_positions, context_length_estimate=cle).neuron_config
-    tokens = helpers.buckets.tnx_token_buckets(tnx.model_kwargs["n_positions"])
-    contexts = helpers.buckets.tnx_context_buckets(tnx.model_kwargs["context_length_estimate"], tokens)
+    tokens = helpers.planning.buckets.tnx_token_buckets(tnx.model_kwargs["n_positions"])
+    contexts = helpers.planning.buckets.tnx_context_buckets(tnx.model_kwargs["context_length_estimate"], tokens)
     assert nx["token_generation_buckets"] == tokens and nx["context_encoding_buckets"] == contexts
     assert nx["seq_len"] == max(tokens) and nx["max_context_length"] == max(contexts)
     assert nx["enable_bucketing"] and nx["padding_side"] == "right"
@@ -187,7 +187,7 @@ def test_tp_degree_per_instance_family(tmp_path, family, valid, invalid):
 
 
 def test_tp_degree_with_unknown_family(monkeypatch):
-    monkeypatch.setattr(neuron, "detect_instance_family", lambda: None)
+    monkeypatch.setattr(neuron.runtime, "detect_instance_family", lambda: None)
     for tp in (1, 2, 8):  # valid on both families
         neuron.check_tp_degree(tp)
     with pytest.raises(ValueError, match="inf2 only: pass instance_family='inf2'"):
@@ -229,7 +229,7 @@ def test_nxdi_compiled_dir_must_match(tmp_path):
     (torch.zeros(1, 2, 3, dtype=torch.long), "shape"),
 ])
 def test_bad_input_ids_are_refused(ids, match):
-    from helpers.sampling import validate_input_ids
+    from helpers.engine.sampling import validate_input_ids
 
     with pytest.raises(ValueError, match=match):
         validate_input_ids(ids, 49152)

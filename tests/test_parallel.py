@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import helpers
-from helpers.config import NeuronConfig
+from helpers.engine.config import NeuronConfig
 from helpers.parallel import ParallelModel
 from helpers.prompts import encode_prompts
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import helpers
-from helpers import graphs as gr
-from helpers.config import NeuronConfig
+from helpers.artifacts import graphs as gr
+from helpers.engine.config import NeuronConfig
 from helpers.parallel import ParallelModel
 from tiny_models import write_tiny
 

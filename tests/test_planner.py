@@ -7,12 +7,14 @@ import warnings
 import pytest
 import torch
 
-from helpers import planner as P
-from helpers.config import ModelArgs
-from helpers.engine import Comm
-from helpers.gqa import resolve_layout
+from helpers.planning import memory as P
+from helpers.engine.config import ModelArgs
+from helpers.engine.model import Comm
+from helpers.planning.gqa import resolve_layout
 from helpers.model_store import load_config
-from helpers.parallel import LazyState, ParallelTransformer, shard_state_tp, weight_breakdown
+from helpers.engine.weights import shard_state, weight_breakdown
+from helpers.model_store import LazyState
+from helpers.parallel.collectives import ParallelTransformer
 
 MISTRAL = "Mistral-7B-Instruct-v0.2"
 
@@ -63,7 +65,7 @@ def test_planner_matches_the_engine_shards():
             layout = resolve_layout(9, 3, 64, tp, 2, None)
             p = P.plan(cfg, tp, batch_size=2, n_positions=256, amp="f32")
         for r in ranks:
-            w = shard_state_tp(state, args, torch.float32, r, tp, layout)
+            w = shard_state(state, args, torch.float32, r, tp, layout)
             parts = weight_breakdown(w)
             assert parts["layers"] + parts["norms"] + (parts["lm_head"] or parts["embedding"]) == p.weight_bytes
             kv = ParallelTransformer(args, w, Comm(), 2, 256, torch.device("cpu"), torch.float32).kv_cache_bytes()

@@ -1,8 +1,8 @@
 """helpers.provenance: the reference-only guard and the name of what produced a run's figures."""
 import pytest
 
-from helpers import provenance
-from helpers.backend import Backend
+from helpers.notebook import provenance
+from helpers.notebook.backend import Backend
 
 NEURON = Backend("neuron", "tnx")
 REFERENCE = Backend("reference", None, "cpu")

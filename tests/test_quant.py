@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import helpers
-from helpers.quant import (QuantizationConfig, dequant_linear, quantize_tensor, quantized_weight_bytes,
+from helpers.engine.quant import (QuantizationConfig, dequant_linear, quantize_tensor, quantized_weight_bytes,
                            save_quantized_state_dict)
 from tiny_models import write_tiny
 
@@ -24,7 +24,7 @@ def test_int8_round_trip_error_is_at_most_half_a_step(method):
 def test_dequant_linear_matches_dense_product():
     w = torch.randn(48, 16)
     cfg = QuantizationConfig(dequant_dtype="f32")
-    from helpers.quant import QuantWeight
+    from helpers.engine.quant import QuantWeight
     q, s = quantize_tensor(w, cfg)
     qw = QuantWeight(q, s, torch.float32)
     x = torch.randn(3, 16)
@@ -73,7 +73,7 @@ def test_engine_int8_storage_bytes_and_accuracy(tmp_path):
                                           ("nxdi", "per_tensor_symmetric")])
 def test_neuron_quant_settings_map_to_the_stack(stack, method, tmp_path):
     from helpers.neuron import neuron_settings
-    from helpers.quant import neuron_quant_settings
+    from helpers.neuron import neuron_quant_settings
 
     kw = neuron_quant_settings(stack, method, "bf16", tmp_path / "q")
     assert (tmp_path / "q").is_dir() == (stack == "nxdi")  # NxDI torch.saves a file there: its folder must exist
@@ -89,7 +89,7 @@ def test_neuron_quant_settings_map_to_the_stack(stack, method, tmp_path):
 
 @pytest.mark.parametrize("stack,method", [("tnx", "per_channel_symmetric"), ("nxdi", "vector_dynamic"), ("tpu", "x")])
 def test_neuron_quant_settings_refuse_other_modes(stack, method, tmp_path):
-    from helpers.quant import neuron_quant_settings
+    from helpers.neuron import neuron_quant_settings
 
     with pytest.raises(ValueError, match="use one of"):
         neuron_quant_settings(stack, method, "f32", tmp_path)

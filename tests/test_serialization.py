@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import helpers
-from helpers import engine
-from helpers import graphs as gr
-from helpers.config import NeuronConfig
+from helpers.engine import model as engine
+from helpers.artifacts import graphs as gr
+from helpers.engine.config import NeuronConfig
 
 KW = dict(n_positions=128, batch_size=2)  # token bucket [128], context bucket [64]: 4 graphs
 NEW = 24

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import helpers
-from helpers import tp_report
+from helpers.notebook import sharding as tp_report
 from helpers.prompts import encode_prompts
 
 
@@ -80,7 +80,7 @@ class FakeLibrary:
 
 
 def test_library_sweep_tnx_builds_each_layout_once_and_compares_tokens(monkeypatch, tokenizer):
-    from helpers.backend import Backend
+    from helpers.notebook.backend import Backend
 
     fake = FakeLibrary(wrong=(1, "replicated-heads"))
     monkeypatch.setattr(tp_report, "run_greedy", fake)
@@ -98,8 +98,8 @@ def test_library_sweep_tnx_builds_each_layout_once_and_compares_tokens(monkeypat
 
 
 def test_library_sweep_nxdi_has_no_knob(monkeypatch, tokenizer):
-    from helpers.backend import Backend
-    from helpers.config import GQA
+    from helpers.notebook.backend import Backend
+    from helpers.planning.gqa import GQA
 
     fake = FakeLibrary()
     monkeypatch.setattr(tp_report, "run_greedy", fake)

@@ -211,7 +211,8 @@ class BucketGraph:
         self.names = layer_tensor_names(tr.w.layers[0])
 
     def _attn(self, x, L, k_cache, v_cache, cos, sin, slots, kv_len, attn_mask):
-        return self.attn.fn(x, cos, sin, slots, attn_mask, k_cache, v_cache, *[getattr(L, n) for n in self.names])
+        layer = [getattr(L, n) for n in self.names]
+        return self.attn.fn(x, cos, sin, slots, attn_mask, k_cache, v_cache, *layer)
 
     def _mlp(self, x, L):
         return self.mlp.fn(x, *[getattr(L, n) for n in self.names])

@@ -7,7 +7,7 @@ Layer: above ``helpers.planning`` and ``helpers.model_store``; imports nothing a
 - ``model``: ``Transformer``, one rank's forward over a fixed-shape KV cache
 - ``kernels``: CPU matmul kernels for f32 decode, timed and chosen by an explicit call
 - ``quant``: int8 / fp8 weight storage
-- ``sampling``, ``streaming``, ``stopping``: token selection, the streamer and stopping-criteria contracts of ``sample()``
+- ``sampling``, ``streaming``, ``stopping``: token selection; the streamer and stopping-criteria contracts
 - ``generation``: ``CausalLM``: buckets, one graph per bucket, ``forward``, ``sample``
 - ``speculative``: draft + target with k-token verification, and its analytic model
 """

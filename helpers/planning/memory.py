@@ -43,7 +43,7 @@ from .gqa import head_padding_message, library_default, resolve_layout, round_up
 GiB = 2 ** 30
 GB = 10 ** 9
 RUNTIME_RESERVE = 0.15  # share of a core's HBM left to the runtime (see the module docstring)
-CONFIG_DIR = Path(__file__).parent / "model_configs"
+CONFIG_DIR = Path(__file__).parent.parent / "model_configs"
 QUANT_BYTES = {None: None, "int8": 1, "s8": 1, "f8e4m3": 1, "f8e4m3fn": 1}
 
 # Reference 000: the allocation the user saw for Mistral-7B bf16 on one inf2 NeuronCore (tp_degree=1).

@@ -96,7 +96,7 @@ def test_notebook_has_cells_for_both_stacks(path):
 # ------------------------------------------------------------------------- the helpers entry point
 def _build(stack, **settings):
     import helpers
-    from helpers.backend import Backend
+    from helpers.notebook.backend import Backend
 
     return helpers.build_model(Backend("neuron", stack), None, **settings)
 
@@ -195,7 +195,7 @@ def test_entry_point_speculation_is_greedy_and_full_length(stack, contract, tmp_
     the assisted loop would stop up to k-1 tokens short)."""
     import helpers
     from helpers.prompts import encode_prompts
-    from helpers.speculative import write_truncated_draft
+    from helpers.engine.speculative import write_truncated_draft
 
     draft = write_truncated_draft(helpers.resolve_model_path(None), 2, tmp_path / "draft")
     enc = encode_prompts(helpers.load_tokenizer(), ["Name three colours."], 1)
@@ -295,7 +295,7 @@ def test_helpers_keyword_list_matches_the_stand_in(contract):
 
 
 def test_stand_ins_leave_no_trace():
-    from helpers.backend import installed_stacks
+    from helpers.notebook.backend import installed_stacks
 
     before = installed_stacks()  # [] in the main venv; the real stacks on an inf2 instance
     if importlib.util.find_spec("_neuron_contract") is not None:

@@ -1,10 +1,10 @@
 """Stand-in only (no NxD Inference counterpart): where the stand-in's numbers come from.
 
 Every forward of the stand-in NxDI model runs the repository's reference engine,
-``helpers.engine.NeuronModel``, built from the NxDI config: batch_size, ``max_length`` as its n_positions,
+``helpers.NeuronModel``, built from the NxDI config: batch_size, ``max_length`` as its n_positions,
 NxDI's own bucket lists (``modules/autobucketing.py``) with NxDI's strict first-fit selection
-(``helpers.buckets.NxDIBucketing``), ``torch_dtype`` as amp, int8 decoder projections when ``quantized``
-(helpers.quant, fed with the stand-in's quantized checkpoint) and a verification graph of
+(``helpers.planning.buckets.NxDIBucketing``), ``torch_dtype`` as amp, int8 decoder projections when ``quantized``
+(helpers.engine.quant, fed with the stand-in's quantized checkpoint) and a verification graph of
 ``speculation_length`` tokens when speculation is configured. It always computes at **tp_degree=1**,
 whatever tp_degree the config asks for: nothing computed here is a Neuron measurement.
 
@@ -42,7 +42,7 @@ def _amp(dtype) -> str:
 
 
 def _quant_config(neuron_config, path=None):
-    from helpers.quant import QuantizationConfig
+    from helpers.engine.quant import QuantizationConfig
 
     if str(neuron_config.quantization_dtype).lower() != "int8":
         raise NotImplementedError(f"stand-in: quantization_dtype={neuron_config.quantization_dtype!r}: the "
@@ -66,7 +66,7 @@ def quantize_state_dict(model_path: str, config) -> dict:
     """The NxDI-named quantized state dict: ``layers.N.<proj>.weight`` int8 + ``.scale`` f32 for the decoder
     projections, every other tensor as in the checkpoint (``model.`` prefix stripped)."""
     from helpers.model_store import load_state_dict
-    from helpers.quant import quantize_tensor
+    from helpers.engine.quant import quantize_tensor
 
     quant = _quant_config(config.neuron_config)
     state = load_state_dict(model_path)
@@ -92,9 +92,9 @@ class ReferenceRuntime:
         """``state_dict``: every weight (presharded files): the engine reads a checkpoint written from it.
         ``quantized_state_dict``: the quantized checkpoint: its int8 projections replace the engine's, the other
         tensors are read from the original checkpoint (the same values the quantized checkpoint copied)."""
-        from helpers.buckets import NxDIBucketing
-        from helpers.config import NeuronConfig as EngineConfig
-        from helpers.engine import NeuronModel
+        from helpers.planning.buckets import NxDIBucketing
+        from helpers.engine.config import NeuronConfig as EngineConfig
+        from helpers import NeuronModel
 
         from neuronx_distributed_inference.modules import autobucketing
 
@@ -148,10 +148,10 @@ class ReferenceRuntime:
         return str(d), (self._write_quant_file(app, int8) if int8 else None)
 
     def _write_quant_file(self, app, int8: dict) -> str:
-        """helpers.quant's checkpoint format (``layers.N.<proj>.weight`` int8 + ``.scale``: NxDI's names)."""
+        """helpers.engine.quant's checkpoint format (``layers.N.<proj>.weight`` int8 + ``.scale``: NxDI's names)."""
         from safetensors.torch import save_file
 
-        from helpers.quant import _meta
+        from helpers.engine.quant import _meta
 
         if not app.neuron_config.quantized:
             raise NotImplementedError("stand-in: int8 weights in a config with quantized=False")

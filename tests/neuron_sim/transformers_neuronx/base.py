@@ -18,7 +18,7 @@ What is transcribed (user-visible behaviour):
 - ``check_gqa_fallback`` (decoder.py): the GQA strategy a model really gets (and its warnings), written back
   into the caller's NeuronConfig as the source does.
 
-What computes: the repository's reference engine (``helpers.engine.NeuronModel``), one instance per compiled
+What computes: the repository's reference engine (``helpers.NeuronModel``), one instance per compiled
 batch size, always at tp_degree=1 whatever ``tp_degree`` was requested (tensor parallelism changes nothing a
 user sees in the tokens; ``tp_degree`` still names the graphs). The numbers are the reference engine's on CPU,
 never Neuron's. A stand-in graph file is a small JSON description of the graph, not a NEFF.
@@ -193,7 +193,7 @@ class NeuronModelBase(torch.nn.Module):
 
     def _init_stand_in(self):
         """The stand-in's own state (called at the end of each model's __init__)."""
-        self._engines = {}           # batch size -> helpers.engine.NeuronModel
+        self._engines = {}           # batch size -> helpers.NeuronModel
         self._compiled = False
         self._past_cache_ok = False  # set by SpeculativeGenerator.sample (see _check_positions)
         self.nbs_objs = ["registered"]  # serialization_enabled(): the source registers each decoder at init
@@ -332,17 +332,17 @@ class NeuronModelBase(torch.nn.Module):
                                          'this model to reserialize it.'))
 
     def _save_presharded_weights(self, directory):
-        """The reference engine's presharded weights (helpers.graphs / helpers.serialization: the same files
+        """The reference engine's presharded weights (helpers.artifacts.presharded / .serialization: the same files
         NeuronModel.save(dir, sharded_weights=True) writes), read back by the engine when config.json says
         is_presharded_checkpoint."""
-        from helpers import graphs as engine_graphs
-        from helpers import serialization as engine_serialization
+        from helpers.artifacts import presharded as engine_presharded
+        from helpers.artifacts import serialization as engine_serialization
 
         if self.neuron_config.quant is not None:
             raise NotImplementedError("the stand-in's presharded weights come from the reference engine, which "
                                       "stores them unquantized: save without sharded_weights when quant is set")
         engine = self._engines[self.batch_sizes[0]]
-        engine_graphs.save_rank_weights(directory, engine._require_built().w,
+        engine_presharded.save_rank_weights(directory, engine._require_built().w,
                                         engine_serialization.weights_meta(engine, 0), 0)
 
     # --- the reference engine ---------------------------------------------------------------------
@@ -359,15 +359,15 @@ class NeuronModelBase(torch.nn.Module):
 
     def _build_engines(self):
         try:
-            from helpers.config import NeuronConfig as EngineConfig
-            from helpers.engine import NeuronModel
+            from helpers.engine.config import NeuronConfig as EngineConfig
+            from helpers import NeuronModel
         except ImportError as exc:  # pragma: no cover
             raise ImportError("the transformers-neuronx stand-in computes with the repository's reference engine: "
                               "put the repository root on PYTHONPATH") from exc
         nc = self.neuron_config
         quant = None
         if nc.quant is not None:
-            from helpers.quant import QuantizationConfig as EngineQuant
+            from helpers.engine.quant import QuantizationConfig as EngineQuant
 
             q = nc.quant
             quant = EngineQuant(quant_dtype=q.quant_dtype, dequant_dtype=q.dequant_dtype,

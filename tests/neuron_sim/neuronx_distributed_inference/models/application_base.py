@@ -22,7 +22,7 @@ Transcribed, with what a user sees of each:
   writes the state dict with ``torch.save`` to ``quantized_checkpoints_path``, or as safetensors into it when
   that path is an existing directory.
 
-Compute: the numbers come from the repository's reference engine (helpers.engine.NeuronModel, see
+Compute: the numbers come from the repository's reference engine (helpers.NeuronModel, see
 ``neuronx_distributed_inference/_reference.py``), always at tp_degree=1 whatever tp_degree is configured;
 they are never Neuron measurements.
 """
@@ -388,7 +388,7 @@ class NeuronApplicationBase(torch.nn.Module):
 
         The release loads the HF model and runs neuronx-distributed's quantize_pytorch_model_per_tensor_symmetric
         / _per_channel_symmetric on every nn.Linear (``modules_to_not_convert`` honoured for per-channel). The
-        stand-in quantizes the decoder projections (q/k/v/o, gate/up/down) with helpers.quant's transcription of
+        stand-in quantizes the decoder projections (q/k/v/o, gate/up/down) with helpers.engine.quant's transcription of
         those observers (per-tensor absmax/127.5, per-channel absmax/127, int8) and keeps the rest in float;
         ``lm_head`` stays float (on a tied-embedding model the release's loader replaces it with the embedding
         anyway).
