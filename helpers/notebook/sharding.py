@@ -151,6 +151,25 @@ def compare(result: dict, reference: dict) -> dict:
             "max_logit_diff": float((result["logits"] - reference["logits"]).abs().max())}
 
 
+def resolve_case(rows: list, built: dict, row: dict, resolve):
+    """One request of a sweep: what the library resolves it to (``resolve()``, with the fallback warnings it
+    gives). A refused request, or one whose layout ``built`` already holds, gets its row appended to ``rows``
+    and None back; a new layout gives (key into ``built``, the row so far) for the caller to build and measure."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            layout = resolve()
+        except ValueError as e:
+            rows.append({**row, "status": "rejected", "detail": str(e)})
+            return None
+    row = {**row, "resolved": layout.name, "kv_mode": layout.kv_mode, "fallback": [str(w.message) for w in caught]}
+    key = (row["tp"], row["batch"], layout.q_heads, layout.kv_heads, layout.kv_mode)
+    if key in built:
+        rows.append({**row, **built[key], "status": "ok", "built": f"same layout as {built[key]['first']}"})
+        return None
+    return key, row
+
+
 def strategy_sweep(bk, model_path, tp_degrees, batch_sizes, encode, max_new_tokens: int, requests=ALL_REQUESTS,
                    extra_cases=(), **settings) -> list[dict]:
     """Every (tp, batch, requested strategy): what the library does with it, and — built once per distinct
@@ -167,19 +186,11 @@ def strategy_sweep(bk, model_path, tp_degrees, batch_sizes, encode, max_new_toke
             built[(1, b, base.q_heads, base.kv_heads, base.kv_mode)] = {
                 **compare(refs[b], refs[b]), "rank_kv_bytes": [r["kv_bytes"] for r in refs[b]["ranks"]],
                 "kv_cache_shape": refs[b]["ranks"][0]["kv_cache_shape"], "first": f"default@tp1b{b}"}
-        row = {"tp": tp, "batch": b, "requested": label(req)}
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                layout = resolve_layout(a.heads, a.kv_heads, a.head_dim, tp, b, req)
-            except ValueError as e:
-                rows.append({**row, "status": "rejected", "detail": str(e)})
-                continue
-        key = (tp, b, layout.q_heads, layout.kv_heads, layout.kv_mode)
-        row.update(resolved=layout.name, kv_mode=layout.kv_mode, fallback=[str(w.message) for w in caught])
-        if key in built:
-            rows.append({**row, **built[key], "status": "ok", "built": f"same layout as {built[key]['first']}"})
+        case = resolve_case(rows, built, {"tp": tp, "batch": b, "requested": label(req)},
+                            lambda: resolve_layout(a.heads, a.kv_heads, a.head_dim, tp, b, req))
+        if case is None:
             continue
+        key, row = case
         res = run_generation(bk, model_path, tp, enc, max_new_tokens, gqa=req, **settings, batch_size=b)
         cmp = compare(res, refs[b])
         built[key] = {**cmp, "rank_kv_bytes": [r["kv_bytes"] for r in res["ranks"]],
@@ -207,20 +218,12 @@ def library_sweep(bk, model_path, tp_degrees, batch_sizes, encode, max_new_token
             base = library_default(bk.stack, a.heads, a.kv_heads, a.head_dim, 1, b)
             built[(1, b, base.q_heads, base.kv_heads, base.kv_mode)] = {
                 **token_agreement(refs[b], refs[b]), "first": f"default@tp1b{b}"}
-        row = {"tp": tp, "batch": b, "requested": label(req) if tnx else "nxdi: no knob"}
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                layout = (resolve_layout(a.heads, a.kv_heads, a.head_dim, tp, b, req) if tnx
-                          else library_default("nxdi", a.heads, a.kv_heads, a.head_dim, tp, b))
-            except ValueError as e:
-                rows.append({**row, "status": "rejected", "detail": str(e)})
-                continue
-        key = (tp, b, layout.q_heads, layout.kv_heads, layout.kv_mode)
-        row.update(resolved=layout.name, kv_mode=layout.kv_mode, fallback=[str(w.message) for w in caught])
-        if key in built:
-            rows.append({**row, **built[key], "status": "ok", "built": f"same layout as {built[key]['first']}"})
+        case = resolve_case(rows, built, {"tp": tp, "batch": b, "requested": label(req) if tnx else "nxdi: no knob"},
+                            lambda: (resolve_layout(a.heads, a.kv_heads, a.head_dim, tp, b, req) if tnx else
+                                     library_default("nxdi", a.heads, a.kv_heads, a.head_dim, tp, b)))
+        if case is None:
             continue
+        key, row = case
         gqa = {} if req is None else {"neuron_config": NeuronConfig(group_query_attention=req)}
         res = run_greedy(bk, model_path, tp, enc, max_new_tokens, batch_size=b, **gqa, **settings)
         built[key] = {**token_agreement(res["tokens"], refs[b]), "first": f"{row['requested']}@tp{tp}b{b}"}
