@@ -1,6 +1,6 @@
-"""`bash ci/lab.sh` (JupyterLab on notebooks/) and what it installs, checked without starting a server:
-the script parses and runs its steps in order, jupyterlab is pinned, and pyproject.toml installs
-exactly the `helpers` package with every data file it reads."""
+"""The front door, checked without starting a server: `bash ci/lab.sh` (JupyterLab on notebooks/) parses
+and runs its steps in order, jupyterlab is pinned, pyproject.toml installs exactly the `helpers` package
+with every data file it reads, and the README's first screen has the commands, the notebooks and a plot."""
 from __future__ import annotations
 
 import re
@@ -86,3 +86,19 @@ def test_pyproject_ships_every_data_file_of_helpers(pyproject):
             if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts}
     assert data, "helpers has data files (model_configs/, data/)"
     assert data <= shipped, sorted(str(p.relative_to(REPO)) for p in data - shipped)
+
+
+def test_readme_front_door_lists_the_commands_every_notebook_and_a_plot():
+    """The README's first screen: the three commands, the notebook table (every notebook), one figure;
+    every local file it links to exists."""
+    readme = (REPO / "README.md").read_text()
+    table = readme.index("| notebook |")
+    for command in ("bash ci/lab.sh", "bash ci/notebooks.sh", "bash ci/test.sh"):
+        assert -1 < readme.find(command) < table, f"{command} is not above the notebook table"
+    rows = {m for m in re.findall(r"^\| `(\d\d_\w+)` \|", readme, re.M)}
+    assert rows == {p.stem for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    image = re.search(r"!\[[^\]]+\]\((docs/img/[\w.-]+\.png)\)", readme)
+    assert image and readme.index(image.group(0)) < readme.index("\n## ", table)
+    for doc in (REPO / "README.md", REPO / "docs" / "performance.md"):
+        for link in re.findall(r"\]\(([^)#:]+)\)", doc.read_text()):
+            assert (doc.parent / link).exists(), f"{doc.name} links to a missing {link}"
