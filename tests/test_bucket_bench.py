@@ -106,3 +106,14 @@ def test_profile_from_totals_takes_the_fastest_run_and_refuses_noise():
 def test_reference_engine_has_token_times(model):
     bb.timed_sample(model, bb.random_prompt(10), 12)
     assert bb.has_token_times(model)
+
+
+def test_sample_traffic_fits_max_length():
+    from helpers.bucket_bench import sample_traffic
+
+    prompts, outputs = sample_traffic(1500, 500, 200, 2000, 2048, seed=0)
+    assert prompts.shape == outputs.shape == (2000,)
+    assert prompts.min() >= 1 and (prompts + outputs).max() <= 2048 and outputs.min() >= 1
+    assert abs(prompts.mean() - 1500) < 30 and 0.9 < ((prompts >= 1000) & (prompts <= 2000)).mean() < 0.99
+    with pytest.raises(ValueError, match="prompt_mean"):
+        sample_traffic(3000, 500, 200, 10, 2048)

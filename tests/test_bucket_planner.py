@@ -49,7 +49,19 @@ def test_plan_beats_powers_of_two_on_the_guides_example():
     # the guide's suggestion is one feasible 5-bucket set on multiples of 256: the optimum is no worse
     aligned = bp.plan_buckets(lengths, 5, max_length=2048, align=256)
     assert all(b % 256 == 0 for b in aligned)
-    assert bp.padded_tokens(aligned, lengths) <= bp.padded_tokens([1024, 1280, 1536, 1792, 2048], lengths)
+    assert bp.padded_tokens(aligned, lengths) <= bp.padded_tokens(bp.GUIDE_1500_BUCKETS, lengths)
+    assert bp.plan_buckets(lengths, 5, max_length=2048, align="guide") == aligned  # <= 2048: the same grid
+
+
+def test_guide_grid():
+    """The guide's grid: multiples of 256 up to 2048, of 512 beyond (no 256-steps beyond 2k)."""
+    assert bp._align_up(np.array([1, 256, 257, 2048, 2049, 2600, 3073]), "guide").tolist() == \
+        [256, 256, 512, 2048, 2560, 3072, 3584]
+    lengths = [300, 2100, 2200, 2900, 3000]
+    plan = bp.plan_buckets(lengths, 3, align="guide", max_length=4096)
+    assert plan == [512, 2560, 3072] and all(b % 512 == 0 for b in plan if b > 2048)
+    best, _ = bp.brute_force_buckets(lengths, 3, align="guide", max_length=4096)
+    assert bp.padded_tokens(plan, lengths) == pytest.approx(bp.padded_tokens(best, lengths))
 
 
 def test_decode_lengths():
@@ -65,6 +77,7 @@ def test_decode_lengths():
     (dict(lengths=[0, 4], max_buckets=2), ">= 1"),
     (dict(lengths=[4], max_buckets=0), "max_buckets"),
     (dict(lengths=[4], max_buckets=1, align=0), "align"),
+    (dict(lengths=[4], max_buckets=1, align="pow2"), "align"),
     (dict(lengths=[40], max_buckets=1, max_length=32), "exceeds max_length=32"),
     (dict(lengths=[4], max_buckets=1, rule="vllm"), "rule"),
 ])

@@ -135,3 +135,29 @@ def test_nxdi_context_buckets_refuse_a_list_too_short(cle, longest):
 def test_nxdi_context_buckets_refuse_impossible_settings(cle, longest, match):
     with pytest.raises(ValueError, match=match):
         bk.nxdi_context_buckets(cle, [128, 256, 512, 1024, 2048], longest)
+
+
+# NxD Inference feature guide (shared/reference/003), "Bucketing with Prefix Caching", Examples:
+# context_encoding_buckets=[512, 1024, 2048], prefix_buckets=[512, 1024].
+@pytest.mark.parametrize("prompt,prefix,expected", [
+    (1000, 0, (1024, 0)),     # no prefix: prefill 1024, prefix 0
+    (800, 128, (1024, 0)),    # the whole prefix moves into the 1024 prefill bucket
+    (900, 640, (512, 512)),   # 252 prefix tokens move into the 512 prefill bucket: 388 left -> 512
+    (400, 100, (512, 0)),     # 257..512 tokens in total: NxDI's corner case (512, 0)
+])
+def test_nxdi_prefix_caching_selection_follows_the_guides_examples(prompt, prefix, expected):
+    grid = bk.nxdi_prefix_caching_buckets([512, 1024, 2048], [512, 1024])
+    assert bk.nxdi_prefix_caching_select(grid, prompt, prefix) == expected
+
+
+def test_nxdi_prefix_caching_overflow_and_grid():
+    grid = bk.nxdi_prefix_caching_buckets([512, 1024, 2048], [512, 1024])
+    assert len(grid) == 3 * 3 and (2048, 0) in grid  # a prefix bucket 0 is added for requests with no cache hit
+    # the guide's last example: 1600 tokens with a 1280 prefix leaves 1088 > 1024 -> an error in NxDI
+    with pytest.raises(bk.BucketOverflowError, match="Prefix len 1088 exceeds largest bucket 1024"):
+        bk.nxdi_prefix_caching_select(grid, 1600, 1280)
+    with pytest.raises(bk.BucketOverflowError, match="Prefill len 3000 exceeds largest bucket"):
+        bk.nxdi_prefix_caching_select(grid, 3100, 100)
+    # NxDI's own grid (no lists): generate_buckets(512, max) in both dimensions, plus the prefix 0
+    assert bk.nxdi_prefix_caching_buckets(max_context_length=2048) == [
+        (v, h) for v in (512, 1024, 2048) for h in (0, 512, 1024, 2048)]

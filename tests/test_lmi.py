@@ -96,3 +96,19 @@ def test_trn1_degrees():
     assert lmi.lmi_config("m", tp_degree=32, n_positions=512, instance="trn1").options["tensor_parallel_degree"] == 32
     with pytest.raises(ValueError):
         lmi.lmi_config("m", tp_degree=24, n_positions=512, instance="trn1")
+
+
+@needs_guide
+def test_compiled_artifacts_options_are_the_guides():
+    for name in ("compiled_graph_path", "load_split_model"):
+        assert f"| option.{name} " in GUIDE
+    cfg = lmi.lmi_config("s3://bucket/model/", tp_degree=2, n_positions=512, rolling_batch="disable",
+                         compiled_graph_path="s3://bucket/model-neff/", load_split_model=True)
+    text = cfg.serving_properties()
+    assert "option.compiled_graph_path=s3://bucket/model-neff/\n" in text and "option.load_split_model=true\n" in text
+    assert cfg.env()["OPTION_COMPILED_GRAPH_PATH"] == "s3://bucket/model-neff/"
+    assert any("load(path) before to_neuron()" in n for n in cfg.notes)
+    plain = lmi.lmi_config("m", tp_degree=2, n_positions=512)
+    assert "compiled_graph_path" not in plain.options and "load_split_model" not in plain.options
+    with pytest.raises(ValueError, match="compiled_graph_path"):
+        lmi.lmi_config("m", tp_degree=2, n_positions=512, compiled_graph_path="")

@@ -93,3 +93,47 @@ def test_neuron_quant_settings_refuse_other_modes(stack, method, tmp_path):
 
     with pytest.raises(ValueError, match="use one of"):
         neuron_quant_settings(stack, method, "f32", tmp_path)
+
+
+def test_eight_bit_formats_precision_order_and_exact_values():
+    """int8 (per-channel) < e4m3 < e5m2 in rounding error on Gaussian weights; representable values survive."""
+    from helpers.quant import fake_quantize
+
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
+    err = {f: float((w - fake_quantize(w, f)).norm() / w.norm()) for f in ("int8", "f8e4m3", "f8e5m2")}
+    assert err["int8"] < err["f8e4m3"] < err["f8e5m2"] < 0.1, err
+    exact = torch.tensor([[240.0, -120.0, 0.5, 0.0]])  # absmax 240: scale 1 for e4m3 (Neuron's range)
+    assert torch.equal(fake_quantize(exact, "f8e4m3"), exact)
+    with pytest.raises(ValueError, match="fmt"):
+        fake_quantize(w, "fp8")
+
+
+def test_rounding_errors_over_a_checkpoint(tmp_path):
+    from helpers.quant import rounding_errors
+    from tiny_models import write_tiny
+
+    write_tiny(tmp_path / "tiny")
+    err = rounding_errors(tmp_path / "tiny")
+    assert set(err) == {"int8", "f8e4m3", "f8e5m2"} and 0 < err["int8"] < err["f8e5m2"]
+
+
+def test_nxdi_fp8_and_kv_cache_keywords_are_the_pinned_releases():
+    """The NeuronConfig keywords of notebook 06's FP8 and KV-cache cells exist in NxD Inference 0.8 (the stand-in
+    transcribes models/config.py and raises on any keyword the release does not pop)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "contract"))
+    import contract_harness as harness
+
+    with harness.stand_ins():
+        from neuronx_distributed_inference.models.config import NeuronConfig
+
+        for dtype in ("int8", "f8e4m3", "f8e5m2"):
+            nc = NeuronConfig(quantized=True, quantized_checkpoints_path="q", quantization_dtype=dtype,
+                              quantization_type="per_channel_symmetric")
+            assert nc.quantization_dtype == dtype
+        with pytest.raises(AssertionError, match="not a valid QuantizedDtype"):
+            NeuronConfig(quantized=True, quantized_checkpoints_path="q", quantization_dtype="fp8")
+        nc = NeuronConfig(kv_cache_quant=True, kv_quant_config={"quant_dtype": torch.float8_e4m3fn, "direct_cast": True})
+        assert nc.kv_cache_quant and nc.kv_quant_config["direct_cast"]

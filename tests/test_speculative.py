@@ -179,3 +179,26 @@ def test_sampler_sweep_k_through_sample_only(tmp_path):
 
     rows = sampler_sweep_k(lambda k: Wrong() if k else build(0), [2], ids, 20, eos_token_id=[])
     assert rows[0]["identical"] is False
+
+
+def test_neuron_prompt_lookup_draft_follows_the_library_protocol():
+    """transformers-neuronx's SpeculativeGenerator calls: the prompt (cache_ids None), then the target's newest
+    token at its position; after a round with every draft kept, the last draft once more at its position."""
+    from helpers.speculative import NeuronPromptLookupDraft
+
+    prompt = torch.tensor([[5, 6, 7, 8, 5, 6]])
+    d = NeuronPromptLookupDraft(vocab_size=16, ngram=2)
+    tok, scores = d(prompt, 4)
+    assert tok.tolist() == [[7]] and scores.shape == (1, 16) and scores[0, 7] == 0  # one-hot at the proposal
+    ids, scores = d(torch.tensor([[7]]), 3, torch.tensor([6]))  # the target's first token, at position 6
+    assert ids.tolist() == [[8, 5, 6]] and scores.shape == (3, 1, 16)
+    assert scores.softmax(-1)[torch.arange(3), 0, ids[0]].tolist() == [1.0, 1.0, 1.0]
+    # the target kept 2 drafts (8, 5) and said 9: its token sits at position 6 + 1 + 2
+    ids, _ = d(torch.tensor([[9]]), 3, torch.tensor([9]))
+    assert d.seq == [5, 6, 7, 8, 5, 6, 7, 8, 5, 9]
+    # every draft kept (positions 10-12): the library feeds the last draft at 12, then the target's token at 13
+    d(torch.tensor([[ids[0, -1].item()]]), 1, torch.tensor([12]))
+    d(torch.tensor([[3]]), 3, torch.tensor([13]))
+    assert d.seq[10:] == ids[0].tolist() + [3]
+    with pytest.raises(ValueError, match="position 30"):
+        d(torch.tensor([[3]]), 3, torch.tensor([30]))

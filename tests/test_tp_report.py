@@ -2,9 +2,14 @@
 import pytest
 import torch
 
+from functools import partial
+
 import helpers
 from helpers.notebook import sharding as tp_report
+from helpers.planning import memory as planner
 from helpers.prompts import encode_prompts
+
+SMOLLM2 = planner.Shape.from_config(planner.load_model_config("embedded"))
 
 
 def test_neuron_tp_degrees_per_family():
@@ -27,8 +32,9 @@ def test_token_agreement():
 def test_run_greedy_on_the_reference_engine(tokenizer):
     enc = encode_prompts(tokenizer, ["Say hi."], 1)
     bk = helpers.resolve_backend("reference")
-    r = tp_report.run_greedy(bk, None, 1, enc, 4, repeats=2, n_positions=128)
-    oracle = helpers.build_model(bk, None, n_positions=128).sample(enc.input_ids, enc.input_ids.shape[1] + 4, top_k=1,
+    build = partial(helpers.build_model, bk, None, n_positions=128)
+    r = tp_report.run_greedy(build, 1, enc, 4, repeats=2)
+    oracle = build().sample(enc.input_ids, enc.input_ids.shape[1] + 4, top_k=1,
                                                                    attention_mask=enc.attention_mask)
     assert torch.equal(r["tokens"], oracle)
     assert r["itl_s"] > 0 and r["ttft_s"] > 0 and r["s_per_token"] > 0
@@ -44,10 +50,9 @@ class NoTokenTimes:
         return torch.cat([ids, torch.full((ids.shape[0], n), 5)], dim=1)
 
 
-def test_run_greedy_without_token_times(monkeypatch, tokenizer):
-    monkeypatch.setattr(tp_report, "build_model", lambda bk, path, **kw: NoTokenTimes())
+def test_run_greedy_without_token_times(tokenizer):
     enc = encode_prompts(tokenizer, ["Say hi."], 1)
-    r = tp_report.run_greedy(None, None, 2, enc, 5)
+    r = tp_report.run_greedy(lambda **kw: NoTokenTimes(), 2, enc, 5)
     assert r["itl_s"] is None and r["ttft_s"] is None and r["s_per_token"] == pytest.approx(0.2)
     assert r["tp"] == 2 and r["build_s"] == 1.5 and r["tokens"].shape[1] == enc.input_ids.shape[1] + 5
 
@@ -69,7 +74,7 @@ class FakeLibrary:
     def __init__(self, wrong=None):
         self.builds, self.wrong = [], wrong
 
-    def __call__(self, bk, path, tp, enc, max_new_tokens, repeats=1, **settings):
+    def __call__(self, build, tp, enc, max_new_tokens, repeats=1, **settings):
         nc = settings.get("neuron_config")
         gqa = getattr(nc, "group_query_attention", None)
         self.builds.append((tp, settings["batch_size"], getattr(gqa, "value", gqa)))
@@ -80,12 +85,10 @@ class FakeLibrary:
 
 
 def test_library_sweep_tnx_builds_each_layout_once_and_compares_tokens(monkeypatch, tokenizer):
-    from helpers.notebook.backend import Backend
-
     fake = FakeLibrary(wrong=(1, "replicated-heads"))
     monkeypatch.setattr(tp_report, "run_greedy", fake)
     encode = lambda b: encode_prompts(tokenizer, ["Hi."], b)  # noqa: E731
-    rows = tp_report.library_sweep(Backend("neuron", "tnx"), None, [1, 2], [1], encode, 3, n_positions=128)
+    rows = tp_report.library_sweep(None, SMOLLM2, "tnx", [1, 2], [1], encode, 3)
     assert len(rows) == 10  # 2 tp x 5 requests
     built = [r for r in rows if r.get("built") == "yes"]
     assert len(fake.builds) == 1 + len(built)  # the tp=1 reference, then one build per distinct layout
@@ -98,14 +101,82 @@ def test_library_sweep_tnx_builds_each_layout_once_and_compares_tokens(monkeypat
 
 
 def test_library_sweep_nxdi_has_no_knob(monkeypatch, tokenizer):
-    from helpers.notebook.backend import Backend
     from helpers.planning.gqa import GQA
 
     fake = FakeLibrary()
     monkeypatch.setattr(tp_report, "run_greedy", fake)
     encode = lambda b: encode_prompts(tokenizer, ["Hi."], b)  # noqa: E731
-    rows = tp_report.library_sweep(Backend("neuron", "nxdi"), None, [1, 2], [1, 2], encode, 3,
-                                   extra_cases=[(3, 3, GQA.SHARD_OVER_BATCH)], n_positions=128)
+    rows = tp_report.library_sweep(None, SMOLLM2, "nxdi", [1, 2], [1, 2], encode, 3,
+                                   extra_cases=[(3, 3, GQA.SHARD_OVER_BATCH)])
     assert [(r["tp"], r["batch"]) for r in rows] == [(1, 1), (2, 1), (1, 2), (2, 2)]  # no tnx-only extra case
     assert all(r["requested"] == "nxdi: no knob" and r["tokens_equal"] for r in rows)
     assert all(gqa is None for _, _, gqa in fake.builds)  # no GQA keyword reaches NxD Inference
+
+
+def test_tp_rules_lists_the_degrees_that_divide_the_heads():
+    rows = {r["model"]: r for r in tp_report.tp_rules(["embedded", "Llama-3.1-70B"])}
+    smol, llama = rows["SmolLM2-135M-Instruct"], rows["Llama-3.1-70B"]
+    assert smol["q/kv heads"] == "9/3" and llama["q/kv heads"] == "64/8"
+    # inf2 runs 1, 2, 4, 8, 24 (both guides): 9 heads divide by 1 only; 64 by all but 24 (8 zero heads: 72)
+    assert smol["inf2 (1, 2, 4, 8, 24)"] == "1 | pads 2(+1) 4(+3) 8(+7) 24(+15)"
+    assert llama["inf2 (1, 2, 4, 8, 24)"] == "1 2 4 8 | pads 24(+8)"
+    assert llama["trn1 (1, 2, 8, 16, 32)"] == "1 2 8 16 32"
+
+
+def test_off_neuron_degrees():
+    assert tp_report.off_neuron_degrees([1, 2, 3, 4, 6, 24, 64]) == [3, 6]
+
+
+def test_workload_plans_large_batch_shards_over_batch():
+    rows = tp_report.workload_plans("Llama-3.1-70B", 32, [1, 32])
+    get = {(r["batch"], r["library"], r["requested"]): r for r in rows}
+    # 8 KV heads at tp=32: shard-over-heads falls back to replicated heads (one KV head per core)
+    assert get[(1, "tnx", "shard-over-heads")]["resolved"] == "replicated-heads"
+    # batch 1: shard-over-batch is not possible (1 % 32) and every strategy holds the same KV cache
+    assert get[(1, "tnx", "shard-over-batch")]["resolved"] == "replicated-heads"
+    assert len({r["KV GiB/core"] for r in rows if r["batch"] == 1}) == 1
+    # batch 32: shard-over-batch keeps all 8 KV heads for 1 row per core: a quarter of the replicated cache
+    sob, rep = get[(32, "tnx", "shard-over-batch")], get[(32, "tnx", "replicated-heads")]
+    assert sob["resolved"] == "shard-over-batch" and sob["KV GiB/core"] * 4 == rep["KV GiB/core"]
+    assert get[(32, "nxdi", "default")]["resolved"] == "replicate-to-tp-degree"
+    assert get[(32, "tnx", "all-gather-heads")]["guide: for"] == "large batch, without replication"
+
+
+class FakeEngine:
+    """run_generation stand-in: one KV head-row per rank costs 1 MiB; SHARD_OVER_BATCH is slower (all-to-all)."""
+
+    def __init__(self):
+        self.builds = []
+
+    def __call__(self, build, tp, enc, max_new_tokens, repeats=1, gqa=None, batch_size=1, **kw):
+        from helpers.gqa import resolve_layout
+        lay = resolve_layout(9, 3, 64, tp, batch_size, gqa)
+        self.builds.append((tp, batch_size, lay.name))
+        rows = lay.batch_rows_per_rank
+        tokens = torch.cat([enc.input_ids, torch.full((enc.input_ids.shape[0], max_new_tokens), 3)], dim=1)
+        return {"tokens": tokens, "logits": torch.zeros(batch_size, 8), "itl_s": 0.010 * (2 if lay.kv_mode == "batch" else 1),
+                "ranks": [{"kv_bytes": rows * lay.kv_heads_per_rank * 2 ** 20, "kv_cache_shape": [rows]}] * tp}
+
+
+def test_strategy_sweep_and_costs_per_workload(monkeypatch, tokenizer):
+    from helpers.config import GQA
+
+    fake = FakeEngine()
+    monkeypatch.setattr(tp_report, "run_generation", fake)
+    encode = lambda b: encode_prompts(tokenizer, ["Hi."], b)  # noqa: E731
+    rows = tp_report.strategy_sweep(None, SMOLLM2, [1, 3], [1, 3], encode, 3, requests=tp_report.TNX_REQUESTS,
+                                    extra_cases=[(3, 3, GQA.SHARD_OVER_BATCH)])  # already in the grid: not repeated
+    assert len(rows) == 2 * 2 * 5 and all(r["status"] == "ok" and r["tokens_equal"] for r in rows)
+    costs = tp_report.strategy_costs(rows)
+    assert [(c["batch"], c["tp"], c["layout"]) for c in costs] == [
+        (1, 1, "replicated-heads"), (1, 1, "shard-over-heads"), (1, 3, "shard-over-heads"),
+        (3, 1, "replicated-heads"), (3, 1, "shard-over-heads"), (3, 3, "shard-over-batch"), (3, 3, "shard-over-heads")]
+    assert len(fake.builds) == len(costs)  # one build per distinct layout
+    by = {(c["batch"], c["tp"], c["layout"]): c for c in costs}
+    sob, soh = by[(3, 3, "shard-over-batch")], by[(3, 3, "shard-over-heads")]
+    assert sob["extra_collectives_per_layer"] == "4 all-to-all" and soh["extra_collectives_per_layer"] == ""
+    assert sob["kv_mib_per_rank"] == soh["kv_mib_per_rank"] == 3  # 3 heads x 1 row == 1 head x 3 rows
+    assert sob["itl_ms"] == 20 and soh["tokens_per_s"] == 300
+    # at tp=3 every request but shard-over-batch ends in shard-over-heads (3 KV heads divide by 3)
+    assert soh["requests"] == "default, shard-over-heads, replicated-heads, all-gather-heads"
+    assert by[(1, 1, "replicated-heads")]["kv_mib_per_rank"] == 9  # tp=1: replicated up to the 9 query heads

@@ -104,6 +104,44 @@ class PromptLookupDraft:
         return torch.full((k,), s[-1]), None
 
 
+class NeuronPromptLookupDraft:
+    """Prompt lookup as a transformers-neuronx draft provider, so the library's ``SpeculativeGenerator(draft,
+    target, k)`` drafts by n-gram lookup, with no draft model (batch 1).
+
+    transformers-neuronx 0.13 (``speculation.py``) accepts any ``DraftProvider``: ``__call__(input_ids, k,
+    cache_ids, start_ids) -> (tokens, scores)``, first with the prompt (context encoding, ``cache_ids`` None),
+    then with the target's newest token and its position, asking for ``k`` drafts (``[1, k]`` tokens and
+    ``[k, 1, vocab]`` scores, here one-hot). It never says which drafts were accepted; the new token's
+    position does: the drafts before it are the accepted ones, so the sequence is rebuilt from the previous
+    proposal. (NxD Inference 0.8 has no such hook: its ``generate(prompt_lookup_num_tokens=...)`` fails,
+    see notebook 05.)"""
+
+    def __init__(self, vocab_size: int, ngram: int = 3):
+        self.lookup, self.vocab_size = PromptLookupDraft(ngram), int(vocab_size)
+        self.seq: list[int] = []      # tokens at positions 0 .. len-1, all accepted
+        self.pending: list[int] = []  # the last proposal, at positions len(seq) ..
+
+    def __call__(self, input_ids: torch.Tensor, k: int, cache_ids=None, start_ids=None):
+        if input_ids.shape[0] != 1:
+            raise ValueError("prompt lookup drafts for batch 1 (speculative sampling runs at batch_size=1)")
+        pos = 0 if cache_ids is None else int(torch.as_tensor(cache_ids).reshape(-1)[0])
+        if pos == 0:  # context encoding: the prompt
+            self.seq, self.pending = input_ids[0].tolist(), []
+        else:  # the token at ``pos``: the drafts before it were accepted
+            seq = self.seq + self.pending[:pos - len(self.seq)]
+            if len(seq) != pos:
+                raise ValueError(f"token at position {pos}, but the provider holds {len(seq)} tokens")
+            self.seq = seq + input_ids[0].tolist()
+        n = 1 if pos == 0 else int(k)
+        drafts, _ = self.lookup.propose(torch.tensor(self.seq), n)
+        self.pending = drafts.tolist()
+        scores = torch.full((n, 1, self.vocab_size), float("-inf"))
+        scores[torch.arange(n), 0, drafts] = 0.0  # one-hot: q(draft) = 1
+        if pos == 0:  # DraftModelForSpeculation's context shapes: [1, 1] token, [1, vocab] scores
+            return drafts[None, :1], scores[0]
+        return drafts[None], scores
+
+
 class ModelDraft:
     """A batch-1 reference model as the draft. It keeps its own KV cache in step with the
     accepted sequence and drafts from its own (warped) distribution."""

@@ -73,6 +73,28 @@ class TimingStreamer(ForwardingStreamer):
         return torch.cat(self.chunks, dim=1) if self.chunks else torch.empty(0, 0, dtype=torch.long)
 
 
+class PutRecorder(BaseStreamer):
+    """Records what a generation loop hands a streamer: the shape of every ``put`` and how many ``end`` calls.
+
+    Shows the calling convention of a library's generate: transformers-neuronx's ``sample()`` puts one
+    (batch, 1) tensor per step and ends once; NxD Inference 0.8's ``HuggingFaceGenerationAdapter.generate``
+    gets only the prompt put by transformers' ``generate`` (its ``_sample`` never puts a token nor ends)."""
+
+    def __init__(self):
+        self.puts: list[tuple] = []
+        self.ends = 0
+
+    def put(self, value):
+        self.puts.append(tuple(torch.as_tensor(value).shape))
+
+    def end(self):
+        self.ends += 1
+
+    def summary(self) -> str:
+        shapes = sorted(set(self.puts), key=self.puts.index)
+        return f"{len(self.puts)} put() call(s) of shape {', '.join(map(str, shapes)) or '-'}; end() called {self.ends} time(s)"
+
+
 def latency_stats(times: list[float]) -> dict:
     """TTFT, inter-token latencies (median/p90) and tokens/s from arrival times since the request."""
     if not times:

@@ -149,3 +149,15 @@ def truncated_normal_lengths(mean: float, spread: float, n: int, lo: int, hi: in
     """``n`` integer lengths ~ Normal(mean, spread / 2) (so mean +/- spread covers ~95%), clipped to [lo, hi]."""
     rng = np.random.default_rng(seed)
     return np.clip(np.round(rng.normal(mean, spread / 2, int(n))), lo, hi).astype(np.int64)
+
+
+def sample_traffic(prompt_mean: float, prompt_spread: float, output_mean: float, n: int, max_length: int,
+                   seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A sample of ``n`` requests for bucket planning: prompt lengths ~ :func:`truncated_normal_lengths` in
+    ``[1, max_length)`` and generated lengths ~ Poisson(``output_mean``), clipped so every request fits
+    ``max_length``. Returns (prompt lengths, output lengths)."""
+    if not 1 <= prompt_mean < max_length:
+        raise ValueError(f"prompt_mean={prompt_mean} must be in [1, {max_length}) (max_length)")
+    prompts = truncated_normal_lengths(prompt_mean, prompt_spread, n, 1, max_length - 1, seed)
+    outputs = np.clip(np.random.default_rng(seed + 1).poisson(output_mean, int(n)), 1, max_length - prompts)
+    return prompts, outputs

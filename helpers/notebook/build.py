@@ -21,11 +21,18 @@ def reference_class(tp_degree: int = 1) -> type[NeuronModel]:
 
 
 def build_model(bk: Backend, model_path=None, **settings):
-    """Build and compile (``to_neuron()``) a model; returns an object with ``sample()``."""
+    """Build and compile (``to_neuron()``) a model; returns an object with ``sample()``.
+
+    ``speculation_length=k`` (k draft tokens per step): on the reference engine the target's verification
+    graph (``enable_speculative_decoder(k)`` before ``to_neuron()``; the draft is a separate object, see
+    ``helpers.engine.speculative``); on Neuron the library's speculation with ``draft_model_path``."""
     if bk.is_neuron:  # the Neuron SDK: only on inf2/trn1
         return build_neuron_model(bk.stack, model_path, **settings)
-    cls = reference_class(settings.get("tp_degree", 1))
-    return cls.from_pretrained(model_path, device=bk.device, **settings).to_neuron()
+    speculation_length = int(settings.pop("speculation_length", 0) or 0)
+    model = reference_class(settings.get("tp_degree", 1)).from_pretrained(model_path, device=bk.device, **settings)
+    if speculation_length:
+        model.enable_speculative_decoder(speculation_length)  # before to_neuron(), as on transformers-neuronx
+    return model.to_neuron()
 
 
 def load_model(bk: Backend, model_path, directory, **settings):

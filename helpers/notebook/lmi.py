@@ -6,6 +6,17 @@ entryPoint, rolling_batch, tensor_parallel_degree, max_rolling_batch_size, model
 ``option.quantize=static_int8`` and the "Advanced Transformers NeuronX Configurations" table
 (n_positions, context_length_estimate, group_query_attention, ...). Settings with no option there
 are refused, with the fix, instead of being dropped.
+
+Loading compiled artifacts ("Model Artifacts Structure": "split-models with a separate `neff` cache (compiled
+models must be compiled with the same Neuron compiler version and model settings)"):
+
+- ``option.compiled_graph_path``: "an s3 URI, or a local directory that stores the pre-compiled graph for your
+  model (NEFF cache) to skip runtime compilation". LMI calls transformers-neuronx's ``load(path)`` before
+  ``to_neuron()`` (djl-serving ``djl_python/neuron_utils/model_loader.py``), so the directory is what
+  ``model.save(dir)`` writes, and its NEFFs match only the graphs LMI builds itself: the same batch size,
+  buckets, tp degree, amp and compiler; with ``rolling_batch=auto`` LMI compiles continuous-batching graphs.
+- ``option.load_split_model``: "Toggle to True when using model artifacts that have already been split for neuron
+  compilation/loading": ``model_id`` then is such a checkpoint and LMI skips splitting it again.
 """
 from __future__ import annotations
 
@@ -62,13 +73,16 @@ def _fmt(value) -> str:
 
 def lmi_config(model_id: str, *, tp_degree: int, n_positions, batch_size: int = 1, context_length_estimate=None,
                neuron_config=None, amp: str | None = None, model_loading_timeout: int = 1600,
-               instance: str = "inf2", rolling_batch: str = "auto") -> LMIConfig:
+               instance: str = "inf2", rolling_batch: str = "auto", compiled_graph_path: str | None = None,
+               load_split_model: bool = False) -> LMIConfig:
     """Map the notebook's settings (the reference engine's names) to LMI options; refuse the rest.
 
     ``amp``: the guide has no dtype option for this engine, so only ``None`` is accepted (say so
     explicitly). ``neuron_config``: ``group_query_attention`` and ``quant`` (int8 weights ->
     ``quantize=static_int8``) are exported; ``on_device_embedding`` cannot be; ``fuse_qkv`` and
-    ``compiled`` are build details with no LMI option (listed in ``notes``).
+    ``compiled`` are build details with no LMI option (listed in ``notes``). ``compiled_graph_path``: the
+    directory (or s3 URI) of NEFFs saved with ``model.save(dir)``; ``load_split_model``: ``model_id`` is an
+    already split checkpoint (see the module docstring).
     """
     if not isinstance(model_id, str) or not model_id.strip():
         raise ValueError("model_id: a Hugging Face model id, an s3:// URL or a local folder")
@@ -117,7 +131,19 @@ def lmi_config(model_id: str, *, tp_degree: int, n_positions, batch_size: int = 
                              "(int8 weights, transformers-neuronx's default vector_dynamic scales)")
         options["quantize"] = "static_int8"
     if getattr(nc, "on_device_embedding", False):
-        raise ValueError("on_device_embedding=True has no LMI option: drop it for the LMI deployment")
+        raise ValueError("on_device_embedding=True has no LMI option: drop it for the LMI deployment (so LMI cannot "
+                         "load presharded weights saved with save(dir, sharded_weights=True); point model_id at the "
+                         "checkpoint and compiled_graph_path at NEFFs saved without on_device_embedding)")
+    if compiled_graph_path is not None:
+        if not isinstance(compiled_graph_path, str) or not compiled_graph_path.strip():
+            raise ValueError("compiled_graph_path: an s3:// URI or a local folder holding the NEFFs model.save(dir) wrote")
+        options["compiled_graph_path"] = compiled_graph_path
+        notes.append("compiled_graph_path: LMI calls load(path) before to_neuron(); its NEFFs must come from the same "
+                     "settings LMI builds with (batch, buckets, tp degree, amp, neuronx-cc version"
+                     + (", and continuous batching: rolling_batch='auto' compiles other graphs than a plain "
+                        "LlamaForSampling)" if rolling_batch != "disable" else ")") + ", else LMI compiles again")
+    if load_split_model:
+        options["load_split_model"] = True
     for name in ("fuse_qkv", "compiled"):
         if getattr(nc, name, False):
             notes.append(f"neuron_config.{name} is a build detail with no LMI option: not exported")

@@ -8,11 +8,9 @@ import torch
 
 from ..engine.config import NeuronConfig
 from ..engine.weights import weight_breakdown
-from ..model_store import load_config
 from ..neuron.runtime import check_tp_degree
-from ..planning.gqa import GQA, NxDIGQA, library_default, resolve_layout
-from ..planning.memory import GiB, Shape, load_model_config, plan
-from .build import build_model
+from ..planning.gqa import GQA, TNX_GUIDE_WORKLOAD, NxDIGQA, library_default, resolve_layout, round_up
+from ..planning.memory import PLATFORM_TP_DEGREES, GiB, Shape, load_model_config, plan
 
 TNX_REQUESTS = (None, GQA.SHARD_OVER_HEADS, GQA.SHARD_OVER_BATCH, GQA.REPLICATED_HEADS, GQA.ALL_GATHER_HEADS)
 NXDI_REQUESTS = (NxDIGQA.REPLICATE_TO_TP_DEGREE, NxDIGQA.CONVERT_TO_MHA)
@@ -28,16 +26,18 @@ def rank_memory(model) -> list[dict]:
     if getattr(model, "rank_reports", None):
         return model.rank_reports
     m = model.model
-    layout = m.w.extra.get("layout")  # set when a GQA strategy was requested (helpers.engine.weights.shard_state)
+    layout = m.w.extra.get("layout")  # set when a GQA strategy was requested (helpers.parallel.shard_state_tp)
     return [{"rank": 0, "weight_bytes": model.weight_bytes, "weights": weight_breakdown(m.w),
              "kv_bytes": model.kv_cache_bytes, "kv_cache_shape": list(m.k_cache.shape),
              "q_heads": list(layout.q_heads[0]) if layout else list(range(model.args.n_heads)),
              "kv_heads": list(layout.kv_heads[0]) if layout else list(range(model.args.n_kv_heads))}]
 
 
-def run_generation(bk, model_path, tp: int, enc, max_new_tokens: int, repeats: int = 1, gqa=None,
-                   measure_collectives: bool = False, threads_per_rank: int | None = None, **settings) -> dict:
-    """Build at ``tp``, generate greedily (``repeats`` timed runs), score the prompt; then free the ranks.
+def run_generation(build, tp: int, enc, max_new_tokens: int, repeats: int = 1, gqa=None,
+                   measure_collectives: bool = False, threads_per_rank: int | None = None, **build_kw) -> dict:
+    """Build at ``tp`` with ``build(tp_degree=tp, neuron_config=..., **build_kw)`` (the notebook's
+    ``helpers.build_model`` with its settings bound), generate greedily (``repeats`` timed runs), score the
+    prompt; then free the ranks. ``build_kw``: per-call settings such as ``batch_size``.
 
     ``threads_per_rank``: CPU threads each rank computes with (tp=1 included), like one NeuronCore per rank.
     """
@@ -46,8 +46,7 @@ def run_generation(bk, model_path, tp: int, enc, max_new_tokens: int, repeats: i
         torch.set_num_threads(threads_per_rank * tp)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = build_model(bk, model_path, tp_degree=tp, neuron_config=NeuronConfig(group_query_attention=gqa),
-                            **settings)
+        model = build(tp_degree=tp, neuron_config=NeuronConfig(group_query_attention=gqa), **build_kw)
     if threads_per_rank:
         torch.set_num_threads(threads_per_rank)
     try:
@@ -87,12 +86,37 @@ def neuron_tp_degrees(tp_degrees, instance_family: str | None = None) -> tuple[l
     return ok, skipped
 
 
-def run_greedy(bk, model_path, tp: int, enc, max_new_tokens: int, repeats: int = 1, **settings) -> dict:
-    """Build at ``tp`` with ``helpers.build_model`` on any backend (the Neuron libraries included) and generate
-    greedily, ``repeats`` timed runs. Only what ``sample()`` and its ``stats`` give: the tokens, the median
-    inter-token latency and TTFT (None where the library times no token: NxD Inference's adapter), and the
-    median wall time per new token, prompt encoding included."""
-    model = build_model(bk, model_path, tp_degree=tp, **settings)
+def tp_rules(models, families=("inf2", "trn1", "trn2")) -> list[dict]:
+    """The first rule of both guides' "Tensor-parallelism support" (shared/reference/001 and 003): "The number of
+    attention heads needs to be divisible by the tensor-parallelism degree", checked against the degrees the Neuron
+    runtime supports per family (``planner.PLATFORM_TP_DEGREES``). Per model: the degrees that divide its query
+    heads, and for the others how many zero heads the libraries add (up to a multiple of tp; computed anyway)."""
+    rows = []
+    for m in models:
+        s = Shape.from_config(load_model_config(m))
+        row = {"model": s.name, "q/kv heads": f"{s.heads}/{s.kv_heads}"}
+        for fam in families:
+            tps = PLATFORM_TP_DEGREES[fam]
+            ok = [str(t) for t in tps if s.heads % t == 0]
+            pad = [f"{t}(+{round_up(s.heads, t) - s.heads})" for t in tps if s.heads % t]
+            row[f"{fam} {tps}"] = " ".join(ok) + (f" | pads {' '.join(pad)}" if pad else "")
+        rows.append(row)
+    return rows
+
+
+def off_neuron_degrees(tp_degrees) -> list[int]:
+    """Degrees no Neuron instance family runs (``planner.PLATFORM_TP_DEGREES``): teaching devices of the reference
+    engine (tp=3 divides SmolLM2's 9 query and 3 KV heads, so nothing is padded or replicated)."""
+    valid = {t for tps in PLATFORM_TP_DEGREES.values() for t in tps}
+    return [int(t) for t in tp_degrees if int(t) not in valid]
+
+
+def run_greedy(build, tp: int, enc, max_new_tokens: int, repeats: int = 1, **build_kw) -> dict:
+    """Build at ``tp`` with ``build(tp_degree=tp, **build_kw)`` (``helpers.build_model`` on any backend, the
+    Neuron libraries included) and generate greedily, ``repeats`` timed runs. Only what ``sample()`` and its
+    ``stats`` give: the tokens, the median inter-token latency and TTFT (None where the library times no token:
+    NxD Inference's adapter), and the median wall time per new token, prompt encoding included."""
+    model = build(tp_degree=tp, **build_kw)
     try:
         ids, mask = enc.input_ids, enc.attention_mask
         tokens, itls, ttfts, per_token = None, [], [], []
@@ -154,7 +178,7 @@ def compare(result: dict, reference: dict) -> dict:
 def resolve_case(rows: list, built: dict, row: dict, resolve):
     """One request of a sweep: what the library resolves it to (``resolve()``, with the fallback warnings it
     gives). A refused request, or one whose layout ``built`` already holds, gets its row appended to ``rows``
-    and None back; a new layout gives (key into ``built``, the row so far) for the caller to build and measure."""
+    and None back; a new layout gives (key into ``built``, the row so far, the layout) to build and measure."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -167,65 +191,104 @@ def resolve_case(rows: list, built: dict, row: dict, resolve):
     if key in built:
         rows.append({**row, **built[key], "status": "ok", "built": f"same layout as {built[key]['first']}"})
         return None
-    return key, row
+    return key, row, layout
 
 
-def strategy_sweep(bk, model_path, tp_degrees, batch_sizes, encode, max_new_tokens: int, requests=ALL_REQUESTS,
-                   extra_cases=(), **settings) -> list[dict]:
-    """Every (tp, batch, requested strategy): what the library does with it, and — built once per distinct
-    layout — whether the outputs equal the tp=1 default run for that batch. ``encode(batch)`` gives the prompts.
-    ``extra_cases``: more (tp, batch, strategy) triples (e.g. a real SHARD_OVER_BATCH case)."""
-    a = Shape.from_config(load_config(model_path))
-    cases = [(tp, b, r) for b in batch_sizes for tp in tp_degrees for r in requests] + list(extra_cases)
+def strategy_sweep(build, shape: Shape, tp_degrees, batch_sizes, encode, max_new_tokens: int, requests=ALL_REQUESTS,
+                   extra_cases=(), repeats: int = 1, threads_per_rank: int | None = None) -> list[dict]:
+    """Every (tp, batch, requested strategy) on the reference engine: what the library does with it, and — built
+    once per distinct layout with ``build`` (see :func:`run_generation`) — whether the outputs equal the tp=1
+    default run for that batch, the KV bytes each rank allocated and the measured inter-token latency
+    (``itl_ms``, median of ``repeats`` runs). ``shape``: the model's :class:`helpers.planning.memory.Shape`;
+    ``encode(batch)`` gives the prompts. ``extra_cases``: more (tp, batch, strategy) triples. Every row names
+    the build it shares (``first``) so :func:`strategy_costs` can list each layout once."""
+    cases = [(tp, b, r) for b in batch_sizes for tp in tp_degrees for r in requests]
+    cases += [c for c in extra_cases if c not in cases]
     refs, built, rows = {}, {}, []
+    run = dict(repeats=repeats, threads_per_rank=threads_per_rank)
+
+    def measured(res, ref, first, layout):
+        return {**compare(res, ref), "rank_kv_bytes": [r["kv_bytes"] for r in res["ranks"]],
+                "kv_cache_shape": res["ranks"][0]["kv_cache_shape"], "itl_ms": round(1e3 * res["itl_s"], 2), "first": first,
+                "layout": (layout.tp, layout.name, layout.kv_mode)}
+
     for tp, b, req in cases:
         enc = encode(b)
         if b not in refs:
-            refs[b] = run_generation(bk, model_path, 1, enc, max_new_tokens, **settings, batch_size=b)
-            base = resolve_layout(a.heads, a.kv_heads, a.head_dim, 1, b, None)
-            built[(1, b, base.q_heads, base.kv_heads, base.kv_mode)] = {
-                **compare(refs[b], refs[b]), "rank_kv_bytes": [r["kv_bytes"] for r in refs[b]["ranks"]],
-                "kv_cache_shape": refs[b]["ranks"][0]["kv_cache_shape"], "first": f"default@tp1b{b}"}
+            refs[b] = run_generation(build, 1, enc, max_new_tokens, batch_size=b, **run)
+            base = resolve_layout(shape.heads, shape.kv_heads, shape.head_dim, 1, b, None)
+            built[(1, b, base.q_heads, base.kv_heads, base.kv_mode)] = measured(refs[b], refs[b], f"default@tp1b{b}", base)
         case = resolve_case(rows, built, {"tp": tp, "batch": b, "requested": label(req)},
-                            lambda: resolve_layout(a.heads, a.kv_heads, a.head_dim, tp, b, req))
+                            lambda: resolve_layout(shape.heads, shape.kv_heads, shape.head_dim, tp, b, req))
         if case is None:
             continue
-        key, row = case
-        res = run_generation(bk, model_path, tp, enc, max_new_tokens, gqa=req, **settings, batch_size=b)
-        cmp = compare(res, refs[b])
-        built[key] = {**cmp, "rank_kv_bytes": [r["kv_bytes"] for r in res["ranks"]],
-                      "kv_cache_shape": res["ranks"][0]["kv_cache_shape"], "first": f"{label(req)}@tp{tp}b{b}"}
+        key, row, layout = case
+        res = run_generation(build, tp, enc, max_new_tokens, gqa=req, batch_size=b, **run)
+        built[key] = measured(res, refs[b], f"{label(req)}@tp{tp}b{b}", layout)
         rows.append({**row, **built[key], "status": "ok", "built": "yes"})
     return rows
 
 
-def library_sweep(bk, model_path, tp_degrees, batch_sizes, encode, max_new_tokens: int, extra_cases=(),
-                  **settings) -> list[dict]:
-    """:func:`strategy_sweep` on a Neuron library (``bk.stack``). Requests: transformers-neuronx's default and its
-    four GQA values; NxD Inference has no knob, so its own choice only. A request that ``helpers.planning.gqa`` (the
-    libraries' fallback rules) says cannot be built is refused up front; the others are built once per
-    distinct layout with ``helpers.build_model`` and compared by greedy tokens (``sample()`` returns no logits)
-    with the tp=1 default run of the same batch."""
-    a = Shape.from_config(load_config(model_path))
-    tnx = bk.stack == "tnx"
+# Collectives a layout adds inside attention, per layer and token, on top of the two all-reduces every
+# layer has (helpers/parallel ParallelTransformer: SHARD_OVER_BATCH exchanges q, k, v and the output by
+# all-to-all; ALL_GATHER_HEADS with more ranks than KV heads all-gathers K and V from the group's slices).
+EXTRA_COLLECTIVES = {"heads": "", "batch": "4 all-to-all", "gather": "2 all-gather"}
+
+
+def strategy_costs(rows: list[dict]) -> list[dict]:
+    """What each distinct layout of a :func:`strategy_sweep` costs, per workload (batch size): one row per layout
+    (the tp=1 default included) with the requests that end in it, the measured inter-token latency, the tokens
+    per second of the whole batch, the KV cache each rank allocated and the collectives it adds per layer."""
+    out: dict = {}
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        tp, name, mode = r["layout"]
+        c = out.setdefault((r["batch"], r["first"]), {
+            "batch": r["batch"], "tp": tp, "layout": name, "kv_mode": mode,
+            "itl_ms": r["itl_ms"], "tokens_per_s": round(r["batch"] * 1e3 / r["itl_ms"], 1),
+            "kv_mib_per_rank": round(max(r["rank_kv_bytes"]) / 2 ** 20, 3),
+            "extra_collectives_per_layer": EXTRA_COLLECTIVES[mode], "requests": ""})
+        c["requests"] = ", ".join(filter(None, [c["requests"], r["requested"]]))
+    return sorted(out.values(), key=lambda c: (c["batch"], c["tp"], c["kv_mode"], c["layout"]))
+
+
+def kv_bytes_match_planner(rows: list[dict], model, n_positions: int, amp: str) -> bool:
+    """True when, for every built row of a :func:`strategy_sweep`, the largest KV cache a rank allocated equals the
+    planner's count for that (tp, batch, library, request)."""
+    nxdi = {g.value for g in NxDIGQA}
+    return all(max(r["rank_kv_bytes"]) == plan(model, r["tp"], batch_size=r["batch"], n_positions=n_positions, amp=amp,
+                                               library="nxdi" if r["requested"] in nxdi else "tnx",
+                                               gqa=None if r["requested"] == "default" else r["requested"]).kv_bytes
+               for r in rows if r["status"] == "ok")
+
+
+def library_sweep(build, shape: Shape, stack: str, tp_degrees, batch_sizes, encode, max_new_tokens: int,
+                  extra_cases=()) -> list[dict]:
+    """:func:`strategy_sweep` on a Neuron library (``stack``: "tnx" | "nxdi"), built with ``build`` (the notebook's
+    ``helpers.build_model`` with its settings bound). Requests: transformers-neuronx's default and its four GQA
+    values; NxD Inference has no knob, so its own choice only. A request that ``helpers.planning.gqa`` (the libraries'
+    fallback rules) says cannot be built is refused up front; the others are built once per distinct layout and
+    compared by greedy tokens (``sample()`` returns no logits) with the tp=1 default run of the same batch."""
+    tnx = stack == "tnx"
     cases = [(tp, b, r) for b in batch_sizes for tp in tp_degrees for r in (TNX_REQUESTS if tnx else (None,))]
-    cases += list(extra_cases) if tnx else []
+    cases += [c for c in extra_cases if c not in cases] if tnx else []
     refs, built, rows = {}, {}, []
     for tp, b, req in cases:
         enc = encode(b)
         if b not in refs:
-            refs[b] = run_greedy(bk, model_path, 1, enc, max_new_tokens, batch_size=b, **settings)["tokens"]
-            base = library_default(bk.stack, a.heads, a.kv_heads, a.head_dim, 1, b)
+            refs[b] = run_greedy(build, 1, enc, max_new_tokens, batch_size=b)["tokens"]
+            base = library_default(stack, shape.heads, shape.kv_heads, shape.head_dim, 1, b)
             built[(1, b, base.q_heads, base.kv_heads, base.kv_mode)] = {
                 **token_agreement(refs[b], refs[b]), "first": f"default@tp1b{b}"}
         case = resolve_case(rows, built, {"tp": tp, "batch": b, "requested": label(req) if tnx else "nxdi: no knob"},
-                            lambda: (resolve_layout(a.heads, a.kv_heads, a.head_dim, tp, b, req) if tnx else
-                                     library_default("nxdi", a.heads, a.kv_heads, a.head_dim, tp, b)))
+                            lambda: (resolve_layout(shape.heads, shape.kv_heads, shape.head_dim, tp, b, req) if tnx
+                                     else library_default("nxdi", shape.heads, shape.kv_heads, shape.head_dim, tp, b)))
         if case is None:
             continue
-        key, row = case
+        key, row, _ = case
         gqa = {} if req is None else {"neuron_config": NeuronConfig(group_query_attention=req)}
-        res = run_greedy(bk, model_path, tp, enc, max_new_tokens, batch_size=b, **gqa, **settings)
+        res = run_greedy(build, tp, enc, max_new_tokens, batch_size=b, **gqa)
         built[key] = {**token_agreement(res["tokens"], refs[b]), "first": f"{row['requested']}@tp{tp}b{b}"}
         rows.append({**row, **built[key], "status": "ok", "built": "yes"})
     return rows
@@ -252,6 +315,47 @@ def strategy_table(models, tp_degrees, batch_sizes) -> list[dict]:
                     row[f"{lib}:{label(req)}"] = cell
                 rows.append(row)
     return rows
+
+
+def workload_plans(model, tp: int, batch_sizes, n_positions: int = 4096, amp: str = "bf16") -> list[dict]:
+    """The planner's bytes per NeuronCore for each GQA request at ``tp`` and each batch size (the workloads), for a
+    shipped config: what a strategy costs in KV cache and weights where the embedded model is too small to show it.
+    The same per-rank counts are checked against the reference engine's allocations in notebook 02."""
+    rows = []
+    for b in batch_sizes:
+        for lib, req in [("tnx", r) for r in TNX_REQUESTS] + [("nxdi", None)]:
+            p = plan(model, tp, batch_size=b, n_positions=n_positions, amp=amp, library=lib, gqa=req)
+            row = {"batch": b, "library": lib, "requested": label(req), "resolved": p.strategy or "error",
+                   "guide: for": TNX_GUIDE_WORKLOAD.get(req, "") if lib == "tnx" else "",
+                   "kv heads/core": p.kv_heads_per_core, "KV GiB/core": round(p.kv_bytes / GiB, 2),
+                   "weights GiB/core": round(p.weight_bytes / GiB, 2)}
+            if p.error:
+                row.update({"kv heads/core": "-", "KV GiB/core": "-", "weights GiB/core": "-"})
+            rows.append(row)
+    return rows
+
+
+def plot_strategy_costs(costs: list[dict], title: str = ""):
+    """Per workload (batch size, one row of panels): each layout's measured inter-token latency and the KV cache
+    per rank (from :func:`strategy_costs`)."""
+    import matplotlib.pyplot as plt
+
+    batches = sorted({c["batch"] for c in costs})
+    fig, axes = plt.subplots(len(batches), 2, figsize=(11, 2.6 * len(batches)), squeeze=False)
+    for (a_lat, a_kv), b in zip(axes, batches):
+        cs = [c for c in costs if c["batch"] == b]
+        names = [f"tp={c['tp']}\n{c['layout']}" + (f"\n+{c['extra_collectives_per_layer']}/layer"
+                                                    if c["extra_collectives_per_layer"] else "") for c in cs]
+        a_lat.bar(names, [c["itl_ms"] for c in cs], color="tab:blue")
+        a_lat.set(ylabel="ms per token", title=f"batch {b}: inter-token latency (measured)")
+        a_kv.bar(names, [c["kv_mib_per_rank"] for c in cs], color="tab:orange")
+        a_kv.set(ylabel="MiB per rank", title=f"batch {b}: KV cache per rank (allocated)")
+        for a in (a_lat, a_kv):
+            a.tick_params(axis="x", labelsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def format_table(rows: list[dict], columns=None) -> str:

@@ -24,6 +24,14 @@ import numpy as np
 from . import buckets as bk
 
 RULES = ("tnx", "nxdi")
+# transformers-neuronx developer guide (shared/reference/001), Bucketing: "it is better to have all the bucket to be
+# multiples of 256 tokens"; beyond 2048, "extra buckets with multiple of 512 or 1024 tokens" ("It is not recommended
+# to add buckets of multiples of 256 tokens or smaller for context buckets beyond 2k to avoid bucket switching
+# latency"). ``align="guide"`` plans on that grid: multiples of 256 up to 2048, of 512 above.
+GUIDE_ALIGN = "guide"
+GUIDE_STEP, GUIDE_STEP_BEYOND_2K, GUIDE_2K = 256, 512, 2048
+# The same section's list for "requests [with] a context length of about 1500 +/- 500 tokens".
+GUIDE_1500_BUCKETS = [1024, 1280, 1536, 1792, 2048]
 
 
 def _check(lengths, weights=None):
@@ -69,8 +77,20 @@ def overflow_fraction(buckets, lengths, weights=None) -> float:
     return float(w[v > max(buckets)].sum() / w.sum())
 
 
-def _align_up(n, align: int):
+def _align_up(n, align):
+    """Round up to a multiple of ``align`` (an int), or to the guide's grid (``align="guide"``)."""
+    if align == GUIDE_ALIGN:
+        n = np.asarray(n)
+        return np.where(n <= GUIDE_2K, -(-n // GUIDE_STEP) * GUIDE_STEP, -(-n // GUIDE_STEP_BEYOND_2K) * GUIDE_STEP_BEYOND_2K)
     return -(-n // align) * align
+
+
+def _check_align(align):
+    if align == GUIDE_ALIGN:
+        return align
+    if isinstance(align, str) or int(align) < 1:
+        raise ValueError(f"align={align!r}: an int >= 1, or {GUIDE_ALIGN!r} (multiples of 256 up to 2048, of 512 above)")
+    return int(align)
 
 
 def _need(v, rule: str, align: int, max_length: int | None) -> np.ndarray:
@@ -79,8 +99,7 @@ def _need(v, rule: str, align: int, max_length: int | None) -> np.ndarray:
     largest bucket still fits it."""
     if rule not in RULES:
         raise ValueError(f"rule={rule!r}: use one of {RULES}")
-    if align < 1:
-        raise ValueError(f"align={align}: must be >= 1")
+    align = _check_align(align)
     top = int(_align_up(v.max(), align))
     if max_length is not None:
         if v.max() > max_length:
@@ -89,14 +108,15 @@ def _need(v, rule: str, align: int, max_length: int | None) -> np.ndarray:
     return np.minimum(_align_up(v + (1 if rule == "nxdi" else 0), align), top)
 
 
-def plan_buckets(lengths, max_buckets: int, weights=None, *, max_length: int | None = None, align: int = 1,
+def plan_buckets(lengths, max_buckets: int, weights=None, *, max_length: int | None = None, align=1,
                  rule: str = "tnx") -> list[int]:
-    """At most ``max_buckets`` sizes (multiples of ``align``, the largest covering every length, none above
-    ``max_length``) minimising the expected padded tokens. Exact: O(max_buckets * m^2) for m candidates."""
+    """At most ``max_buckets`` sizes (multiples of ``align``, or the guide's grid with ``align="guide"``; the
+    largest covering every length, none above ``max_length``) minimising the expected padded tokens. Exact:
+    O(max_buckets * m^2) for m candidates."""
     v, w = _check(lengths, weights)
     if int(max_buckets) < 1:
         raise ValueError(f"max_buckets={max_buckets}: must be >= 1")
-    need = _need(v, rule, int(align), max_length)
+    need = _need(v, rule, align, max_length)
     cand, idx = np.unique(need, return_inverse=True)
     m = len(cand)
     # W[i], S[i]: weight and weighted length sum of the requests whose candidate is < cand[i]
@@ -122,10 +142,10 @@ def _cost(prev, cand, W, S, i):
 
 
 def brute_force_buckets(lengths, max_buckets: int, weights=None, *, max_length: int | None = None,
-                        align: int = 1, rule: str = "tnx") -> tuple[list[int], float]:
+                        align=1, rule: str = "tnx") -> tuple[list[int], float]:
     """Every subset of the candidates (for tests on small cases): (best buckets, their padding)."""
     v, w = _check(lengths, weights)
-    cand = sorted(set(_need(v, rule, int(align), max_length).tolist()))
+    cand = sorted(set(_need(v, rule, align, max_length).tolist()))
     best, best_cost = None, math.inf
     for r in range(1, min(max_buckets, len(cand)) + 1):
         for combo in itertools.combinations(cand, r):

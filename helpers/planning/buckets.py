@@ -4,7 +4,9 @@ transformers-neuronx 0.13 (``transformers_neuronx/bucket.py``): ``token_sizes``,
 ``context_sizes``, ``find``; ``utils.power_of_two_bucket_sizes``. NxD Inference 0.8
 (``modules/autobucketing.py`` ``generate_buckets``, ``generate_buckets_for_cte`` /
 ``generate_buckets_for_tkg``; ``models/model_wrapper.py`` ``_get_seq_bucket``, "first_fit";
-``models/config.py`` for the keyword names and their checks).
+``models/config.py`` for the keyword names and their checks), and NxDI's two-dimensional context buckets
+with prefix caching (``generate_2d_buckets_for_prefix_caching*``; ``model_wrapper.py``
+``get_target_2d_bucket_for_prefix_caching``).
 """
 from __future__ import annotations
 
@@ -133,3 +135,55 @@ class NxDIBucketing:
             raise ValueError(f"Token generation bucket {tkg[-1]} should be <= {max_length} (seq_len): "
                              "lower token_generation_buckets or raise n_positions")
         return (ctx or nxdi_generate_buckets(128, max_ctx)), (tkg or nxdi_generate_buckets(128, max_length))
+
+
+# -- NxD Inference 0.8 prefix caching: two-dimensional context buckets ------------------------------
+PREFIX_CACHING_MIN_BUCKET = 512  # autobucketing.py: "a requirement of minimal 512 to use the FA kernel"
+
+
+def nxdi_prefix_caching_buckets(prefill_buckets: Sequence[int] | None = None, prefix_buckets: Sequence[int] | None = None,
+                                max_context_length: int | None = None) -> list[tuple[int, int]]:
+    """The (prefill, prefix) context-encoding buckets NxDI compiles with ``is_prefix_caching=True``.
+
+    Explicit lists (``context_encoding_buckets`` = prefill, ``prefix_buckets``): their grid, with a prefix
+    bucket 0 added for requests without a cache hit (``generate_2d_buckets_for_prefix_caching_from_config``).
+    Without them (``enable_bucketing`` and no lists): both dimensions are ``generate_buckets(512,
+    max_context_length)`` plus the prefix 0 (``generate_2d_buckets_for_prefix_caching(512, max, 512, max,
+    True)``). Ordered prefill-major, as NxDI indexes them (``prefill_index * len(prefix) + prefix_index``)."""
+    if prefill_buckets is None or prefix_buckets is None:
+        if max_context_length is None:
+            raise ValueError("pass prefill_buckets and prefix_buckets, or max_context_length for NxDI's own grid")
+        auto = nxdi_generate_buckets(PREFIX_CACHING_MIN_BUCKET, int(max_context_length))
+        prefill_buckets = auto if prefill_buckets is None else prefill_buckets
+        prefix_buckets = auto if prefix_buckets is None else prefix_buckets
+    return [(int(v), int(h)) for v in prefill_buckets for h in [0, *prefix_buckets]]
+
+
+def nxdi_prefix_caching_select(buckets: Sequence[Sequence[int]], prompt_len: int, prefix_len: int) -> tuple[int, int]:
+    """The (prefill, prefix) bucket NxDI 0.8 runs a context-encoding request in, when ``prefix_len`` of its
+    ``prompt_len`` tokens are a cache hit (``get_target_2d_bucket_for_prefix_caching``, CTE, no EAGLE):
+
+    1. a total of 257..512 tokens runs in (512, 0) when that bucket exists (its measured corner case);
+    2. the prefill bucket: the smallest >= the suffix (``prompt_len - prefix_len``); longer raises
+       "Prefill len N exceeds largest bucket (B)";
+    3. the prefill bucket's empty slots are filled from the end of the prefix (those tokens are re-encoded),
+       then the prefix bucket: the smallest >= what is left; longer fails NxDI's assertion "Prefix len N
+       exceeds largest bucket B" (raised here as BucketOverflowError)."""
+    suffix, prefix = int(prompt_len) - int(prefix_len), int(prefix_len)
+    if suffix < 1 or prefix < 0:
+        raise ValueError(f"prompt_len={prompt_len}, prefix_len={prefix_len}: the prefix must be shorter than the prompt")
+    pairs = [(int(b[0]), int(b[1])) for b in buckets]
+    prefill = list(dict.fromkeys(v for v, _ in pairs))
+    prefixes = list(dict.fromkeys(h for _, h in pairs))
+    if 256 < suffix + prefix <= 512 and (512, 0) in pairs:
+        return 512, 0
+    fits = [v for v in prefill if suffix <= v]
+    if not fits:
+        raise BucketOverflowError(f"Prefill len {suffix} exceeds largest bucket ({prefill[-1]}) for "
+                                  f"{CONTEXT_ENCODING_MODEL_TAG}")
+    left = max(0, prefix - (fits[0] - suffix))
+    hold = [h for h in prefixes if left <= h]
+    if not hold:
+        raise BucketOverflowError(f"Prefix len {left} exceeds largest bucket {prefixes[-1]} for "
+                                  f"{CONTEXT_ENCODING_MODEL_TAG}")
+    return fits[0], hold[0]

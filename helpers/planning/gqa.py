@@ -42,6 +42,30 @@ class NxDIGQA(str, enum.Enum):
 STRATEGIES = {**{g.value: g for g in GQA}, **{g.value: g for g in NxDIGQA}}
 
 
+# "Which strategy for which workload", in the guides' words (quoted, not paraphrased):
+# transformers-neuronx developer guide, "Grouped-query attention (GQA) support [Beta]"
+# (shared/reference/001_a3ae2df55f9a4dde.txt), one sentence per strategy.
+TNX_GUIDE_ADVICE = {
+    GQA.SHARD_OVER_HEADS: "distributes K/V caches along head dimension. This can be only used when K/V heads is "
+                          "multiple of tensor-parallelism degree. This is the default configuration.",
+    GQA.SHARD_OVER_BATCH: "distributes K/V caches along batch dimension. This can be only used when batch size is "
+                          "multiple of tensor-parallelism degree. This can be useful for large-batch inference.",
+    GQA.REPLICATED_HEADS: "replicates K/V heads. This can be used when neither batch size nor K/V heads can be "
+                          "divisible by tensor-parallelism degree. This can be useful for low-latency small-batch "
+                          "inference.",
+    GQA.ALL_GATHER_HEADS: "evenly splits the K/V heads across all NeuronCores. This is optimized for large-batch "
+                          "inference of GQA model without replication.",
+}
+# The workload each strategy is meant for (the last sentence of each bullet above).
+TNX_GUIDE_WORKLOAD = {GQA.SHARD_OVER_HEADS: "default: K/V heads a multiple of tp",
+                      GQA.SHARD_OVER_BATCH: "large batch",
+                      GQA.REPLICATED_HEADS: "small batch, low latency",
+                      GQA.ALL_GATHER_HEADS: "large batch, without replication"}
+# NxD Inference feature guide, "Grouped-query attention (GQA) support" (shared/reference/003_72490f044645be5f.txt).
+NXDI_GUIDE_RULE = ("The NeuronAttentionBase module uses REPLICATE_TO_TP_DEGREE by default. If the TP degree isn't "
+                   "divisible by the number of KV heads, NeuronAttentionBase uses CONVERT_TO_MHA.")
+
+
 def as_strategy(value):
     """None, a GQA / NxDIGQA member, its value ("shard-over-heads") or its name ("SHARD_OVER_HEADS")."""
     if value is None or isinstance(value, (GQA, NxDIGQA)):

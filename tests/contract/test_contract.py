@@ -8,12 +8,16 @@ Inference 0.8 (SDK 2.28). The stand-in packages in ``tests/neuron_sim/`` transcr
 rules and raise on anything else, including keywords the real libraries silently swallow.
 What it does not prove: that anything runs on an inf2 instance (that is the inf2 workflow's job).
 
-Notebooks added to ``notebooks/`` later are picked up automatically; the cell convention is in
-``contract_harness.py`` (and docs/inf2.md).
+Each Neuron cell runs alone in a fresh namespace on its own ``# EDIT`` literals (after
+``helpers.resolve_backend("neuron", stack)``, what the notebook's set-up cell does): a cell that reads a name
+from an earlier cell fails. Notebooks added to ``notebooks/`` later are picked up automatically; the cell
+convention is in ``contract_harness.py`` (and docs/inf2.md); its static half (tags, guard, one ``# EDIT``
+block, no free names) is checked without stand-ins by ``tests/test_neuron_cells.py``.
 """
 from __future__ import annotations
 
 import importlib.util
+import keyword
 import os
 import re
 import sys
@@ -29,13 +33,12 @@ import contract_harness as harness  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "00_contract_sample.ipynb"
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
-GUARD_RE = re.compile(r"run_neuron_cell\(\s*[\"'](\w+)[\"']\s*\)")
 
 
 def _cases():
-    """The fixture notebook's Neuron cells, alone. The notebooks' own Neuron cells run in context, with real
-    tokens from the stand-ins, in the neuron lanes (ci/neuron_sim.sh runs every notebook on backend=neuron);
-    NEURON_CONTRACT_NOTEBOOKS=1 runs them here too, each cell with only the cells it reads from."""
+    """The fixture notebook's Neuron cells. The notebooks' own Neuron cells run in the neuron lanes, inside the
+    whole notebook (ci/neuron_sim.sh runs every notebook on backend=neuron); NEURON_CONTRACT_NOTEBOOKS=1 runs
+    them here too, each cell alone on its own # EDIT literals (real tokens from the stand-ins: minutes)."""
     cases = []
     for path in [FIXTURE, *(NOTEBOOKS if os.environ.get("NEURON_CONTRACT_NOTEBOOKS") == "1" else [])]:
         nb = nbformat.read(str(path), as_version=4)
@@ -50,47 +53,13 @@ def contract(tmp_path, monkeypatch):
         yield c
 
 
-def lane_parameters(stem: str, stack: str) -> dict:
-    """The notebook's parameters in the neuron lane (ci/params/inf2-<stack>.yaml + neuron-sim.yaml): the cells
-    compute real tokens through the stand-ins, so they run with the lane's small values."""
-    sys.path.insert(0, str(REPO / "ci"))
-    import run_notebooks as runner
-
-    paramset = runner.load_params([REPO / "ci" / "params" / f"inf2-{stack}.yaml", REPO / "ci" / "params" / "neuron-sim.yaml"])
-    return paramset["notebooks"].get(stem, {})
-
-
 @pytest.mark.parametrize("path,stack", _cases())
 def test_neuron_cells_match_pinned_api(path, stack, contract):
-    run = harness.run_neuron_cells(path, stack, overrides=lane_parameters(path.stem, stack))
+    run = harness.run_neuron_cells(path, stack)
     made = [name for name, _ in contract.calls(f"{stack}.")]
     assert made, f"{path.stem}: the {stack} cells made no {stack} call (were they all skipped?)\n{run.stdout}"
+    assert "Skipped:" not in run.stdout, f"{path.stem}: a {stack} cell skipped itself\n{run.stdout}"
     assert not contract.calls("tnx." if stack == "nxdi" else "nxdi."), "a cell called the other stack"
-
-
-@pytest.mark.parametrize("path", [FIXTURE, *NOTEBOOKS], ids=lambda p: p.stem)
-def test_neuron_cells_are_tagged_and_guarded(path):
-    """Each Neuron cell carries one stack tag and guards itself with that same stack."""
-    nb = nbformat.read(str(path), as_version=4)
-    problems = []
-    for i, cell in enumerate(nb.cells):
-        t = harness.tags(cell)
-        if cell.cell_type != "code" or "neuron" not in t:
-            continue
-        stacks = t & set(harness.STACKS)
-        guards = set(GUARD_RE.findall(cell.source))
-        if len(stacks) != 1:
-            problems.append(f"cell {i}: tags {sorted(t)} need exactly one of {harness.STACKS}")
-        elif guards != stacks:
-            problems.append(f"cell {i}: tagged {sorted(stacks)} but guarded by run_neuron_cell({sorted(guards)})")
-    assert not problems, f"{path.name}: " + "; ".join(problems)
-
-
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_has_cells_for_both_stacks(path):
-    nb = nbformat.read(str(path), as_version=4)
-    assert harness.neuron_stacks(nb) == list(harness.STACKS), (
-        f"{path.name}: the template asks for Neuron cells for both stacks (tags neuron+tnx and neuron+nxdi)")
 
 
 # ------------------------------------------------------------------------- the helpers entry point
@@ -243,19 +212,22 @@ def _misspell(target_cell_text, old, new):
 
 
 @pytest.mark.parametrize("stack,cell_text,old,new", [
-    ("tnx", "LlamaForSampling.from_pretrained(tnx_path", "n_positions=n_positions", "n_position=n_positions"),
-    ("tnx", "LlamaForSampling.from_pretrained(tnx_path", "tp_degree=tp_degree,", "tp_degree=tp_degree, prompt_batch_size=2,"),
-    ("tnx", "tnx_model.sample(", "top_k=1", "topk=1"),
+    ("tnx", "tnx_model = LlamaForSampling.from_pretrained(", "n_positions=n_positions", "n_position=n_positions"),
+    ("tnx", "tnx_model = LlamaForSampling.from_pretrained(", "tp_degree=tp_degree,", "tp_degree=tp_degree, prompt_batch_size=2,"),
+    ("tnx", "tnx_reloaded.sample(", "top_k=1", "topk=1"),
     ("tnx", "GQA.REPLICATED_HEADS", "GQA.REPLICATED_HEADS", "GQA.REPLICATE_HEADS"),
     ("nxdi", "nxdi_config = NeuronConfig(", "seq_len=n_positions", "seq_length=n_positions"),
     ("nxdi", "nxdi_config = NeuronConfig(", "tp_degree=tp_degree,", "tp_degree=tp_degree, trace_tokengen_model=False,"),
     ("nxdi", "adapter.generate(", "max_length=sequence_length", "max_lenght=sequence_length"),
 ])
 def test_misspelled_keyword_fails_the_contract(stack, cell_text, old, new, contract):
+    assert any(cell_text in c.source and old in c.source for c in nbformat.read(str(FIXTURE), as_version=4).cells), \
+        "the edit must apply"
     with pytest.raises((contract.ContractError, AttributeError, TypeError)) as err:
         harness.run_neuron_cells(FIXTURE, stack, edit=_misspell(cell_text, old, new))
-    assert any(w in str(err.value) for w in (old.split("=")[0].split(".")[-1], new.split("=")[0].split(".")[-1],
-                                             "prompt_batch_size", "trace_tokengen_model")), str(err.value)
+    wrong = {w for w in set(re.findall(r"[A-Za-z_]\w*", new)) - set(re.findall(r"[A-Za-z_]\w*", old))
+             if not keyword.iskeyword(w)}  # the misspelled or unknown name
+    assert wrong and all(w in str(err.value) for w in wrong), (wrong, str(err.value))
 
 
 @pytest.mark.parametrize("stack,cell_text,old,new,match", [
@@ -265,15 +237,63 @@ def test_misspelled_keyword_fails_the_contract(stack, cell_text, old, new, contr
      "    tnx_reloaded.to_neuron()\n    tnx_reloaded.load(compiled_dir)", "load"),
     ("tnx", "tnx_model.save(", "tnx_model.save(compiled_dir)", "tnx_model.save(compiled_dir, sharded_weights=True)",
      "on_device_embedding"),
-    ("tnx", "tnx_model.sample(", "temperature=1.0", "temperature=1", "temperature"),
-    ("nxdi", "nxdi_model.load(", "    nxdi_model.compile(compiled_dir)\n", "", "compile"),
+    ("tnx", "tnx_reloaded.sample(", "temperature=1.0", "temperature=1", "temperature"),
+    ("nxdi", "nxdi_model.load(", "    nxdi_model.compile(compiled_dir)\n", "", "model.pt does not exist"),
 ])
 def test_wrong_call_order_fails_the_contract(stack, cell_text, old, new, match, contract):
     edit = _misspell(cell_text, old, new)
-    assert any(old in c.source for c in nbformat.read(str(FIXTURE), as_version=4).cells), "the edit must apply"
+    assert any(cell_text in c.source and old in c.source for c in nbformat.read(str(FIXTURE), as_version=4).cells), \
+        "the edit must apply"
     with pytest.raises((contract.ContractError, AssertionError, ValueError)) as err:
         harness.run_neuron_cells(FIXTURE, stack, edit=edit)
     assert match in str(err.value)
+
+
+# ------------------------------------------------------------------------- the harness runs each cell alone
+def _replace_cells(stack, bodies):
+    """edit= hook: the fixture's ``stack`` Neuron cells become guarded cells with these bodies, in order."""
+    indexes = [i for i, _ in harness.neuron_cells(nbformat.read(str(FIXTURE), as_version=4), stack)]
+    assert len(indexes) == len(bodies) >= 2, "the fixture needs two Neuron cells per stack"
+    cells = dict(zip(indexes, bodies))
+
+    def edit(i, source):
+        return f'import helpers\n\nif helpers.run_neuron_cell("{stack}"):\n    # EDIT\n    {cells[i]}\n'
+    return edit, indexes
+
+
+@pytest.mark.parametrize("stack", harness.STACKS)
+def test_each_cell_runs_alone_on_the_chosen_backend(stack, contract):
+    import helpers
+    from helpers import backend as helpers_backend
+
+    before = helpers_backend._chosen
+    edit, indexes = _replace_cells(stack, ["seen = helpers.backend.chosen_backend()", "print(sorted(globals()))"])
+    run = harness.run_neuron_cells(FIXTURE, stack, edit=edit)
+    first, second = (run.namespaces[i] for i in indexes)
+    assert first["seen"] == helpers.Backend("neuron", stack)  # resolve_backend("neuron", stack) before each cell
+    assert "seen" not in second and "tokenizer" not in second and "bk" not in second  # a fresh namespace each
+    assert [s.index for s in run.steps] == indexes
+    assert helpers_backend._chosen is before, "the harness must give the process its chosen backend back"
+
+
+@pytest.mark.parametrize("stack,body,name", [
+    ("tnx", "print(marker)", "marker"),  # set by the first Neuron cell
+    ("nxdi", "print(tokenizer)", "tokenizer"),  # set by an untagged cell of the fixture
+])
+def test_a_name_from_an_earlier_cell_fails(stack, body, name, contract):
+    edit, indexes = _replace_cells(stack, ["marker = 1", body])
+    with pytest.raises(harness.HarnessError) as err:
+        harness.run_neuron_cells(FIXTURE, stack, edit=edit)
+    message = str(err.value)
+    assert f"cell {indexes[1]}" in message and repr(name) in message, message
+    assert "name from an earlier cell" in message and "must stand alone" in message, message
+
+
+def test_a_name_error_from_deeper_down_stays_a_name_error(contract):
+    edit, _ = _replace_cells("tnx", ["x = 1", "exec('not_a_cell_name')"])
+    with pytest.raises(NameError, match="not_a_cell_name") as err:
+        harness.run_neuron_cells(FIXTURE, "tnx", edit=edit)
+    assert not isinstance(err.value, harness.HarnessError)
 
 
 def test_mistral_sample_has_no_cache_ids(contract):
