@@ -109,7 +109,7 @@ def test_reference_engine_has_token_times(model):
 
 
 def test_sample_traffic_fits_max_length():
-    from helpers.bucket_bench import sample_traffic
+    from helpers.notebook.bucket_bench import sample_traffic
 
     prompts, outputs = sample_traffic(1500, 500, 200, 2000, 2048, seed=0)
     assert prompts.shape == outputs.shape == (2000,)

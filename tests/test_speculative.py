@@ -184,7 +184,7 @@ def test_sampler_sweep_k_through_sample_only(tmp_path):
 def test_neuron_prompt_lookup_draft_follows_the_library_protocol():
     """transformers-neuronx's SpeculativeGenerator calls: the prompt (cache_ids None), then the target's newest
     token at its position; after a round with every draft kept, the last draft once more at its position."""
-    from helpers.speculative import NeuronPromptLookupDraft
+    from helpers.engine.speculative import NeuronPromptLookupDraft
 
     prompt = torch.tensor([[5, 6, 7, 8, 5, 6]])
     d = NeuronPromptLookupDraft(vocab_size=16, ngram=2)

@@ -149,7 +149,7 @@ class FakeEngine:
         self.builds = []
 
     def __call__(self, build, tp, enc, max_new_tokens, repeats=1, gqa=None, batch_size=1, **kw):
-        from helpers.gqa import resolve_layout
+        from helpers.planning.gqa import resolve_layout
         lay = resolve_layout(9, 3, 64, tp, batch_size, gqa)
         self.builds.append((tp, batch_size, lay.name))
         rows = lay.batch_rows_per_rank
@@ -159,7 +159,7 @@ class FakeEngine:
 
 
 def test_strategy_sweep_and_costs_per_workload(monkeypatch, tokenizer):
-    from helpers.config import GQA
+    from helpers.planning.gqa import GQA
 
     fake = FakeEngine()
     monkeypatch.setattr(tp_report, "run_generation", fake)
