@@ -180,3 +180,17 @@ def test_strategy_sweep_and_costs_per_workload(monkeypatch, tokenizer):
     # at tp=3 every request but shard-over-batch ends in shard-over-heads (3 KV heads divide by 3)
     assert soh["requests"] == "default, shard-over-heads, replicated-heads, all-gather-heads"
     assert by[(1, 1, "replicated-heads")]["kv_mib_per_rank"] == 9  # tp=1: replicated up to the 9 query heads
+
+
+def test_plot_strategy_costs_one_row_per_workload():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    costs = [{"batch": b, "tp": tp, "layout": name, "kv_mode": mode, "itl_ms": 10.0, "tokens_per_s": 100.0 * b,
+              "kv_mib_per_rank": 1.0, "extra_collectives_per_layer": tp_report.EXTRA_COLLECTIVES[mode], "requests": ""}
+             for b, tp, name, mode in [(1, 1, "shard-over-heads", "heads"), (3, 3, "shard-over-batch", "batch"),
+                                       (3, 3, "shard-over-heads", "heads")]]
+    fig = tp_report.plot_strategy_costs(costs, "title")
+    assert len(fig.axes) == 4  # (latency, KV) x 2 workloads
+    labels = [t.get_text() for t in fig.axes[2].get_xticklabels()]
+    assert labels == ["tp=3\nshard-over-batch\n+4 all-to-all/layer", "tp=3\nshard-over-heads"]
