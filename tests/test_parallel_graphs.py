@@ -18,7 +18,8 @@ import torch
 
 import helpers
 from helpers.artifacts import graphs as gr
-from helpers.artifacts import manifest, serialization
+from helpers.artifacts import manifest as mf
+from helpers.artifacts import serialization
 from helpers.engine.config import NeuronConfig
 from helpers.parallel import ParallelModel
 from tiny_models import write_tiny
@@ -197,7 +198,7 @@ def test_a_rank_error_reaches_the_driver_with_its_type_and_message(saved, tiny, 
     d, manifest = _copy(saved, tmp_path, 1)
     entry = manifest["graphs"][0]
     (d / entry["file"]).write_bytes(b"not a torch.export archive")
-    entry["sha256"] = manifest.file_sha256(d / entry["file"])  # hashes fine, cannot load: only rank 1 finds out
+    entry["sha256"] = mf.file_sha256(d / entry["file"])  # hashes fine, cannot load: only rank 1 finds out
     (d / "graphs-rank1.json").write_text(json.dumps(manifest))
     m = _model(tiny).load(d)
     with pytest.raises(gr.CorruptArtifactError, match="tensor-parallel rank 1 failed: Could not load"):

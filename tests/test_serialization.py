@@ -8,7 +8,8 @@ import torch
 
 import helpers
 from helpers.artifacts import graphs as gr
-from helpers.artifacts import manifest, serialization
+from helpers.artifacts import manifest as mf
+from helpers.artifacts import serialization
 from helpers.engine import generation
 from helpers.engine import model as engine
 from helpers.engine.config import NeuronConfig
@@ -140,7 +141,7 @@ def test_a_file_that_does_not_deserialize_is_a_clear_error(saved, tmp_path):
     d, manifest = _copy(saved, tmp_path)
     entry = manifest["graphs"][0]
     (d / entry["file"]).write_bytes(b"not a torch.export archive")
-    entry["sha256"] = manifest.file_sha256(d / entry["file"])  # hashes fine, cannot load
+    entry["sha256"] = mf.file_sha256(d / entry["file"])  # hashes fine, cannot load
     (d / "graphs-rank0.json").write_text(json.dumps(manifest))
     m = helpers.NeuronModel.from_pretrained(None, **KW).load(d)
     with pytest.raises(gr.CorruptArtifactError, match="Could not load"):
