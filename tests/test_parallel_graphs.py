@@ -1,4 +1,4 @@
-"""Compiled graphs and save/load with tensor parallelism (helpers/parallel.py + helpers/graphs.py).
+"""Compiled graphs and save/load with tensor parallelism (helpers.parallel + helpers.artifacts).
 
 Each rank builds, saves and loads its own graphs (``graphs-rank{r}.json``, ``*-rank{r}-<fingerprint>.pt2``,
 ``weights/tp{r}_sharded_checkpoint.safetensors``). Oracle: the eager tp=2 engine on the same prompt (and
@@ -18,6 +18,8 @@ import torch
 
 import helpers
 from helpers.artifacts import graphs as gr
+from helpers.artifacts import manifest as mf
+from helpers.artifacts import serialization
 from helpers.engine.config import NeuronConfig
 from helpers.parallel import ParallelModel
 from tiny_models import write_tiny
@@ -166,7 +168,7 @@ def test_other_settings_are_refused_at_tp2(saved, tiny, kwargs, named):
 
 def test_another_torch_version_is_refused(built, tiny, tmp_path, monkeypatch):
     with monkeypatch.context() as patch:
-        patch.setattr(gr, "TORCH_VERSION", "2.12.0")  # the driver's fingerprint fields, sent to every rank
+        patch.setattr(serialization, "TORCH_VERSION", "2.12.0")  # the driver's fingerprint fields, sent to every rank
         built[0].save(tmp_path / "old")
     assert json.loads((tmp_path / "old" / "graphs-rank1.json").read_text())["fields"]["torch"] == "2.12.0"
     with pytest.raises(gr.ArtifactMismatchError, match=re.escape(f"torch: saved '2.12.0', now '{torch.__version__}'")):
@@ -196,7 +198,7 @@ def test_a_rank_error_reaches_the_driver_with_its_type_and_message(saved, tiny, 
     d, manifest = _copy(saved, tmp_path, 1)
     entry = manifest["graphs"][0]
     (d / entry["file"]).write_bytes(b"not a torch.export archive")
-    entry["sha256"] = gr.file_sha256(d / entry["file"])  # hashes fine, cannot load: only rank 1 finds out
+    entry["sha256"] = mf.file_sha256(d / entry["file"])  # hashes fine, cannot load: only rank 1 finds out
     (d / "graphs-rank1.json").write_text(json.dumps(manifest))
     m = _model(tiny).load(d)
     with pytest.raises(gr.CorruptArtifactError, match="tensor-parallel rank 1 failed: Could not load"):

@@ -1,5 +1,5 @@
 """Compiled graphs per bucket, save/load round trips and the refusals of a mismatched or corrupted
-directory (helpers/graphs.py). Oracle: the eager engine on the same prompt."""
+directory (helpers.artifacts). Oracle: the eager engine on the same prompt."""
 import json
 import shutil
 
@@ -7,8 +7,11 @@ import pytest
 import torch
 
 import helpers
-from helpers.engine import model as engine
 from helpers.artifacts import graphs as gr
+from helpers.artifacts import manifest as mf
+from helpers.artifacts import serialization
+from helpers.engine import generation
+from helpers.engine import model as engine
 from helpers.engine.config import NeuronConfig
 
 KW = dict(n_positions=128, batch_size=2)  # token bucket [128], context bucket [64]: 4 graphs
@@ -70,8 +73,8 @@ def test_load_skips_compilation_and_gives_identical_outputs(saved, monkeypatch):
 
 def test_presharded_weights_load_without_resharding(saved, monkeypatch):
     d, _, (out, _), _ = saved
-    monkeypatch.setattr(engine, "load_state_dict", lambda *a: pytest.fail("read the original checkpoint"))
-    monkeypatch.setattr(engine, "shard_state", lambda *a, **k: pytest.fail("sharded again"))
+    monkeypatch.setattr(generation, "load_state_dict", lambda *a: pytest.fail("read the original checkpoint"))
+    monkeypatch.setattr(generation, "shard_state", lambda *a, **k: pytest.fail("sharded again"))
     m = helpers.NeuronModel.from_pretrained(d, neuron_config=NeuronConfig(on_device_embedding=True), **KW)
     assert m.presharded
     assert torch.equal(_sample(m.load(d).to_neuron())[0], out)
@@ -110,7 +113,7 @@ def test_other_tp_degree_and_torch_version_are_refused(tmp_path, monkeypatch):
     m = _export_model().to_neuron()
     m.tp_degree = 2  # what a rank of a tp=2 build records (the tp>1 engine is helpers.parallel)
     with monkeypatch.context() as patch:
-        patch.setattr(gr, "TORCH_VERSION", "2.12.0")
+        patch.setattr(serialization, "TORCH_VERSION", "2.12.0")
         m.save(tmp_path / "other")
     with pytest.raises(gr.ArtifactMismatchError) as err:
         helpers.NeuronModel.from_pretrained(None, **KW).load(tmp_path / "other")
@@ -138,7 +141,7 @@ def test_a_file_that_does_not_deserialize_is_a_clear_error(saved, tmp_path):
     d, manifest = _copy(saved, tmp_path)
     entry = manifest["graphs"][0]
     (d / entry["file"]).write_bytes(b"not a torch.export archive")
-    entry["sha256"] = gr.file_sha256(d / entry["file"])  # hashes fine, cannot load
+    entry["sha256"] = mf.file_sha256(d / entry["file"])  # hashes fine, cannot load
     (d / "graphs-rank0.json").write_text(json.dumps(manifest))
     m = helpers.NeuronModel.from_pretrained(None, **KW).load(d)
     with pytest.raises(gr.CorruptArtifactError, match="Could not load"):
