@@ -1,4 +1,4 @@
-"""helpers.evaluate on models without logits or per-token times (the paths notebook 06 takes on Neuron)."""
+"""helpers.notebook.evaluate on models without logits or per-token times (the paths notebook 06 takes on Neuron)."""
 import pytest
 import torch
 

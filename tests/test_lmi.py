@@ -1,4 +1,4 @@
-"""helpers.lmi: the LMI serving.properties export, checked against the option table of the DJL LMI
+"""helpers.notebook.lmi: the LMI serving.properties export, checked against the option table of the DJL LMI
 transformers-neuronx guide (shared/reference/002_8213bce91041d037.txt, when the checkout has it)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""helpers.provenance: the reference-only guard and the name of what produced a run's figures."""
+"""helpers.notebook.provenance: the reference-only guard and the name of what produced a run's figures."""
 import pytest
 
 from helpers.notebook import provenance

@@ -1,4 +1,4 @@
-"""helpers.streaming: the streamers notebook 03 uses on both stacks."""
+"""helpers.engine.streaming: the streamers notebook 03 uses on both stacks."""
 import torch
 
 from helpers.engine.streaming import PutRecorder, TimingStreamer, latency_stats

@@ -1,4 +1,4 @@
-"""helpers.tp_report's backend-independent measurements (the paths notebooks 01/02 take on Neuron)."""
+"""helpers.notebook.sharding's backend-independent measurements (the paths notebooks 01/02 take on Neuron)."""
 import pytest
 import torch
 

@@ -184,7 +184,7 @@ def run_neuron_cells(nb_path: str | os.PathLike, stack: str, edit=None) -> Contr
     Call inside :func:`stand_ins`. ``edit(index, source) -> source`` may rewrite cells (meta-tests).
     """
     import helpers
-    from helpers import backend as helpers_backend
+    from helpers.notebook import backend as helpers_backend
 
     nb = nbformat.read(str(nb_path), as_version=4)
     stem = Path(nb_path).stem

@@ -264,10 +264,10 @@ def _replace_cells(stack, bodies):
 @pytest.mark.parametrize("stack", harness.STACKS)
 def test_each_cell_runs_alone_on_the_chosen_backend(stack, contract):
     import helpers
-    from helpers import backend as helpers_backend
+    from helpers.notebook import backend as helpers_backend
 
     before = helpers_backend._chosen
-    edit, indexes = _replace_cells(stack, ["seen = helpers.backend.chosen_backend()", "print(sorted(globals()))"])
+    edit, indexes = _replace_cells(stack, ["seen = helpers.notebook.backend.chosen_backend()", "print(sorted(globals()))"])
     run = harness.run_neuron_cells(FIXTURE, stack, edit=edit)
     first, second = (run.namespaces[i] for i in indexes)
     assert first["seen"] == helpers.Backend("neuron", stack)  # resolve_backend("neuron", stack) before each cell
