@@ -112,16 +112,33 @@ def check_fits(model: CausalLM, requests: list[Request]) -> None:
                          f"{model.context_buckets[-1]}; lower the lengths in the parameters or raise n_positions")
 
 
-def _arrivals(requests):
-    return deque(sorted(requests, key=lambda r: (r.arrival_s, r.rid)))
+class Arrivals:
+    """The requests not arrived yet (``pending``) and arrived but not admitted (``waiting``), with the serving clock
+    (which starts at the first arrival)."""
+
+    def __init__(self, model: CausalLM, requests: list[Request]):
+        check_fits(model, requests)
+        self.clock = ServingClock(model._sync)
+        self.pending = deque(sorted(requests, key=lambda r: (r.arrival_s, r.rid)))
+        self.waiting: deque[Request] = deque()
+        self.t0 = self.pending[0].arrival_s
+
+    def arrive(self) -> None:
+        """Move every request that has arrived by now into ``waiting``."""
+        while self.pending and self.pending[0].arrival_s - self.t0 <= self.clock.now:
+            self.waiting.append(self.pending.popleft())
+
+    def idle_until_next(self) -> None:
+        self.clock.idle_until(self.pending[0].arrival_s - self.t0)
+
+    def served(self, req: Request, slot: int, **times) -> Served:
+        return Served(req.rid, req.arrival_s - self.t0, slot, **times)
 
 
 def run_continuous(model: SlotModel, requests: list[Request]) -> RunResult:
     """Continuous batching over ``model.n_slots`` slots (greedy); see the module docstring."""
-    check_fits(model, requests)
-    clock = ServingClock(model._sync)
-    pending, waiting = _arrivals(requests), deque()
-    t0 = pending[0].arrival_s
+    q = Arrivals(model, requests)
+    clock, pending, waiting = q.clock, q.pending, q.waiting
     n = model.n_slots
     live: dict[int, tuple[Request, Served]] = {}
     free = list(range(n))
@@ -138,14 +155,13 @@ def run_continuous(model: SlotModel, requests: list[Request]) -> RunResult:
         tokens[slot], positions[slot] = 0, 0  # a free row computes on position 0 of its own row; ignored
 
     while pending or waiting or live:
-        while pending and pending[0].arrival_s - t0 <= clock.now:
-            waiting.append(pending.popleft())
+        q.arrive()
         if not live and not waiting:
-            clock.idle_until(pending[0].arrival_s - t0)
+            q.idle_until_next()
             continue
         while free and waiting:  # admit: one context encoding per request, into its own slot
             req, slot = waiting.popleft(), free.pop(0)
-            s = Served(req.rid, req.arrival_s - t0, slot, admitted_s=clock.now)
+            s = q.served(req, slot, admitted_s=clock.now)
             logits = clock.run(model.prefill, slot, req.prompt)
             s.first_token_s = clock.now
             s.tokens.append(int(logits.argmax()))
@@ -168,17 +184,14 @@ def run_continuous(model: SlotModel, requests: list[Request]) -> RunResult:
 
 def run_static(model: CausalLM, requests: list[Request]) -> RunResult:
     """Static batching with ``model.batch_size`` rows (greedy); see the module docstring."""
-    check_fits(model, requests)
-    clock = ServingClock(model._sync)
-    pending, waiting = _arrivals(requests), deque()
-    t0 = pending[0].arrival_s
+    q = Arrivals(model, requests)
+    clock, pending, waiting = q.clock, q.pending, q.waiting
     B = model.batch_size
     done: list[Served] = []
     while pending or waiting:
-        while pending and pending[0].arrival_s - t0 <= clock.now:
-            waiting.append(pending.popleft())
+        q.arrive()
         if len(waiting) < B and pending:  # wait for a full batch
-            clock.idle_until(pending[0].arrival_s - t0)
+            q.idle_until_next()
             continue
         batch = [waiting.popleft() for _ in range(min(B, len(waiting)))]
         ids, mask = left_padded(batch, B)
@@ -188,8 +201,8 @@ def run_static(model: CausalLM, requests: list[Request]) -> RunResult:
                         attention_mask=mask)
         first = start + model.stats["ttft_s"]
         for row, r in enumerate(batch):
-            done.append(Served(r.rid, r.arrival_s - t0, row, admitted_s=start, first_token_s=first,
-                               finished_s=clock.now, tokens=out[row, L:L + r.max_new_tokens].tolist()))
+            done.append(q.served(r, row, admitted_s=start, first_token_s=first, finished_s=clock.now,
+                                 tokens=out[row, L:L + r.max_new_tokens].tolist()))
     return RunResult("static", B, sorted(done, key=lambda s: s.rid), clock.busy, clock.calls)
 
 

@@ -18,32 +18,29 @@ pytestmark = pytest.mark.skipif(not transformers.__version__.startswith("4.57.")
 SEQ_LEN, SLOTS = 128, 3
 
 
+SLOT_SETTINGS = dict(seq_len=SEQ_LEN, torch_dtype="float32", enable_bucketing=True, is_continuous_batching=True,
+                     batch_size=SLOTS, max_batch_size=SLOTS, ctx_batch_size=1, tkg_batch_size=SLOTS)
+
+
 @pytest.fixture(scope="module")
 def env():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("NEURON_NB_GEMV", "mkl")
-        mp.setenv("NEURON_NB_GEMM", "mkl")
-        from helpers import NeuronModel
-        from helpers.neuron import neuron_model_dir
-        from neuronx_distributed_inference.models.config import NeuronConfig
-        from neuronx_distributed_inference.models.llama.modeling_llama import (LlamaInferenceConfig,
-                                                                               NeuronLlamaForCausalLM)
-        from neuronx_distributed_inference.utils import hf_adapter
+    """A builder of continuous-batching models (the stand-in) and the reference engine at batch 1 (the oracle)."""
+    from helpers import NeuronModel
+    from helpers.neuron import neuron_model_dir
+    from neuronx_distributed_inference.models import config as nxdi_config
+    from neuronx_distributed_inference.models.llama import modeling_llama as llama
+    from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
 
-        path = neuron_model_dir(None)
+    path = neuron_model_dir(None)
 
-        def build(directory, **kw):
-            settings = dict(seq_len=SEQ_LEN, torch_dtype="float32", enable_bucketing=True, is_continuous_batching=True,
-                            batch_size=SLOTS, max_batch_size=SLOTS, ctx_batch_size=1, tkg_batch_size=SLOTS)
-            settings.update(kw)
-            cfg = LlamaInferenceConfig(NeuronConfig(**settings), load_config=hf_adapter.load_pretrained_config(path))
-            model = NeuronLlamaForCausalLM(path, cfg)
-            model.compile(str(directory))
-            model.load(str(directory))
-            return model
+    def build(directory, **overrides):
+        nc = nxdi_config.NeuronConfig(**{**SLOT_SETTINGS, **overrides})
+        model = llama.NeuronLlamaForCausalLM(path, llama.LlamaInferenceConfig(nc, load_config=load_pretrained_config(path)))
+        model.compile(str(directory))
+        model.load(str(directory))
+        return model
 
-        alone = NeuronModel.from_pretrained(path, batch_size=1, n_positions=SEQ_LEN).to_neuron()
-        yield {"build": build, "alone": alone}
+    return {"build": build, "alone": NeuronModel.from_pretrained(path, batch_size=1, n_positions=SEQ_LEN).to_neuron()}
 
 
 @pytest.fixture(scope="module")
