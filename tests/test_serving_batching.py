@@ -120,8 +120,11 @@ def test_static_batching_equals_alone_and_waits_for_full_batches(tiny, traffic, 
     for s in r.served:
         by_batch.setdefault(s.admitted_s, []).append(s)
     assert sorted(len(v) for v in by_batch.values()) == [2, 4, 4]
-    for v in by_batch.values():  # a batch returns together
+    for v in by_batch.values():  # a batch returns together, after its longest answer
         assert len({s.finished_s for s in v}) == 1
+        assert all(s.first_token_s <= s.last_token_s <= s.finished_s for s in v)
+        longest = max(v, key=lambda s: len(s.tokens))
+        assert all(s.last_token_s <= longest.last_token_s for s in v)
 
 
 def test_greedy_matches_hugging_face(tiny, traffic, oracle):
@@ -166,3 +169,22 @@ def test_engine_sample_still_works_on_a_slot_model(tiny):
     assert torch.equal(m.sample(ids, 12, top_k=1, eos_token_override=[]),
                        ref.sample(ids, 12, top_k=1, eos_token_override=[]))
     assert isinstance(m, SlotModel)
+
+
+def test_plots_draw_both_policies(tiny, traffic):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from helpers.serving.plots import plot_policies, plot_slots
+
+    m = build_slot_model(tiny[0], n_slots=2, n_positions=N_POS)
+    runs = [run_static(m, traffic), run_continuous(m, traffic)]
+    fig, axes = plt.subplots(1, 2)
+    for ax, r in zip(axes, runs):
+        plot_slots(ax, r, 10.0)
+    assert len(axes[0].patches) >= len(traffic) * 2  # prefill + decode bars, and held rows for static
+    fig2, axes2 = plt.subplots(1, 3)
+    plot_policies(axes2, [r.summary() for r in runs])
+    assert [t.get_text() for t in axes2[0].get_xticklabels()] == ["static 2", "continuous 2"]
+    plt.close(fig), plt.close(fig2)

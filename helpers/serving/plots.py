@@ -7,14 +7,17 @@ from .scheduler import RunResult
 
 
 def plot_slots(ax, result: RunResult, horizon: float | None = None) -> None:
-    """One row per slot (static: per batch row); a bar per request from its admission to its result, the light
-    part up to its first token (context encoding, or a static batch's first step), the dark part its decoding.
-    Arrivals are ticks under the rows."""
-    cmap = ax.figure.colormaps["tab20"] if hasattr(ax.figure, "colormaps") else None
+    """One row per slot (static: per batch row); a bar per request from its admission to its result: light up to its
+    first token (context encoding, or a static batch's prefill), solid while it decodes, grey hatched once it has
+    its tokens but still holds its row (static: until the batch's longest answer is done). Arrivals are ticks
+    under the rows."""
     for s in result.served:
-        color = cmap(s.rid % 20) if cmap is not None else None
+        color = f"C{s.rid % 10}"
+        last = s.finished_s if s.last_token_s is None else s.last_token_s
         ax.barh(s.slot, s.first_token_s - s.admitted_s, left=s.admitted_s, color=color, alpha=0.35, height=0.8)
-        ax.barh(s.slot, s.finished_s - s.first_token_s, left=s.first_token_s, color=color, height=0.8)
+        ax.barh(s.slot, last - s.first_token_s, left=s.first_token_s, color=color, height=0.8)
+        if s.finished_s > last:
+            ax.barh(s.slot, s.finished_s - last, left=last, color="0.85", hatch="///", edgecolor="0.6", height=0.8)
         if s.finished_s - s.admitted_s > 0.04 * (horizon or s.finished_s):
             ax.text((s.admitted_s + s.finished_s) / 2, s.slot, str(s.rid), ha="center", va="center", fontsize=7)
     ax.plot([s.arrival_s for s in result.served], [-0.8] * len(result.served), "|", color="k", ms=6)

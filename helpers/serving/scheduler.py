@@ -39,6 +39,7 @@ class Served:
     admitted_s: float = 0.0     # its context encoding starts (static: its batch starts)
     first_token_s: float = 0.0  # its first token exists
     finished_s: float = 0.0     # its result is returned (continuous: its last token; static: its batch ends)
+    last_token_s: float | None = None  # its last token exists (static: before its batch ends); None: finished_s
     tokens: list[int] = field(default_factory=list)
 
     @property
@@ -199,9 +200,10 @@ def run_static(model: CausalLM, requests: list[Request]) -> RunResult:
         start = clock.now
         out = clock.run(model.sample, ids, L + max(r.max_new_tokens for r in batch), top_k=1, eos_token_override=[],
                         attention_mask=mask)
-        first = start + model.stats["ttft_s"]
+        times = model.stats["token_times_s"]  # since the start of sample(): token k of every row at times[k]
         for row, r in enumerate(batch):
-            done.append(q.served(r, row, admitted_s=start, first_token_s=first, finished_s=clock.now,
+            done.append(q.served(r, row, admitted_s=start, first_token_s=start + times[0], finished_s=clock.now,
+                                 last_token_s=start + times[r.max_new_tokens - 1],
                                  tokens=out[row, L:L + r.max_new_tokens].tolist()))
     return RunResult("static", B, sorted(done, key=lambda s: s.rid), clock.busy, clock.calls)
 
