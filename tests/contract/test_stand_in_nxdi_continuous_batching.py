@@ -105,3 +105,21 @@ def test_a_full_batch_out_of_order_is_refused(model):
 
     with pytest.raises(ContractError, match="seq_id order"):
         _decode(model, [2, 0, 1], [1, 2, 3], [5, 5, 5])
+
+
+def test_the_generate_adapter_on_a_continuous_batching_model(env, model):
+    """HuggingFaceGenerationAdapter passes no seq_ids (0..n-1 by default): each prompt is encoded into its own row,
+    then every row decodes at its own position (right padding, the NxDI default)."""
+    from neuronx_distributed_inference.utils.hf_adapter import HuggingFaceGenerationAdapter
+
+    prompts = [torch.tensor([5, 9, 33, 7, 1, 80, 12]), torch.tensor([44, 3]), torch.tensor([8, 8, 100, 4])]
+    ids = torch.zeros(SLOTS, 7, dtype=torch.long)
+    mask = torch.zeros(SLOTS, 7, dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, :len(p)], mask[r, :len(p)] = p, 1
+    model.reset()
+    out = HuggingFaceGenerationAdapter(model).generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False,
+                                                       eos_token_id=None, pad_token_id=0)
+    for r, p in enumerate(prompts):
+        ref = env["alone"].sample(p[None], len(p) + 5, top_k=1, eos_token_override=[])[0, len(p):]
+        assert out[r, 7:].tolist() == ref.tolist()
