@@ -23,7 +23,7 @@ FLOORS = {
     "helpers.model_store": 0, "helpers.prompts": 0,
     "helpers.planning": 1,
     "helpers.engine": 2,
-    "helpers.artifacts": 3, "helpers.neuron": 3,
+    "helpers.artifacts": 3, "helpers.neuron": 3, "helpers.serving": 3,
     "helpers.parallel": 4,
     "helpers.notebook": 5,
 }

@@ -66,6 +66,7 @@ class CausalLM:
     so far (there: the prompt, aws-neuron/transformers-neuronx#75).
     """
 
+    transformer_cls: type[Transformer] = Transformer  # seam: helpers.serving's per-row KV writes (SlotTransformer)
     ARGS = ("batch_size", "n_positions", "tp_degree", "amp", "context_length_estimate",
             "neuron_config", "device", "nxdi_bucketing")
 
@@ -135,7 +136,7 @@ class CausalLM:
             raise ValueError(f"tp_degree={self.tp_degree}: tensor parallelism runs in "
                              "helpers.parallel.ParallelModel (one process per rank)")
         weights = move_weights(self._load_weights(), self.device)
-        self.model = select_kernels(Transformer(self.args, weights, Comm(), self.batch_size, self.n_positions,
+        self.model = select_kernels(self.transformer_cls(self.args, weights, Comm(), self.batch_size, self.n_positions,
                                                 self.device, self.dtype), self.neuron_config.quant)
         self.load_s = time.perf_counter() - t0
         self.graphs, self.build_report = self._build_graphs()

@@ -102,7 +102,12 @@ class Transformer:
         v = v.reshape(B, T, -1, D).transpose(1, 2)
         k_cache.index_copy_(2, slots, k)
         v_cache.index_copy_(2, slots, v)
-        k, v = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]
+        return self.attend(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], attn_mask)
+
+    def attend(self, q, k, v, attn_mask):
+        """Scaled-dot-product attention of ``q`` [B, n_q, T, D] over ``k``/``v`` [B, kv_heads, S, D] (GQA mapping
+        of this rank's layout) -> [B, T, n_q * head_dim]. Seam: ``helpers.serving`` writes K/V per row first."""
+        B, _, T, _ = q.shape
         if self.w.kv_group is not None:  # arbitrary q->kv mapping (padded / replicated layouts)
             o = F.scaled_dot_product_attention(q, k[:, self.w.kv_group], v[:, self.w.kv_group], attn_mask=attn_mask)
         else:

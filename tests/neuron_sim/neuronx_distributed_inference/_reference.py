@@ -113,14 +113,21 @@ class ReferenceRuntime:
         bucketing = NxDIBucketing(enable_bucketing=True, context_encoding_buckets=ctx, token_generation_buckets=tkg,
                                   max_context_length=nc.max_context_length,
                                   allow_input_truncation=nc.allow_input_truncation)
-        self.engine = NeuronModel.from_pretrained(
-            model_path, batch_size=nc.batch_size, n_positions=nc.max_length, tp_degree=1, amp=_amp(nc.torch_dtype),
+        self.engine = (self._engine_class() or NeuronModel).from_pretrained(
+            model_path, batch_size=self._engine_batch_size(nc), n_positions=nc.max_length, tp_degree=1, amp=_amp(nc.torch_dtype),
             neuron_config=EngineConfig(quant=quant), nxdi_bucketing=bucketing)
         self.speculation_length = nc.speculation_length
         if nc.speculation_length > 1:  # the engine's graph takes k + 1 tokens; NxDI's speculation model takes k
             self.engine.enable_speculative_decoder(nc.speculation_length - 1)
         self.engine.to_neuron()
         self.largest_slot = self.engine.n_positions
+
+    def _engine_class(self):
+        """The reference engine class (None: helpers.NeuronModel); continuous batching uses KV-cache slots."""
+        return None
+
+    def _engine_batch_size(self, nc) -> int:
+        return nc.batch_size
 
     def _write_checkpoint(self, app, sd: dict):
         """A state dict (NxDI names) -> a checkpoint directory the engine reads (+ its int8 projections file)."""

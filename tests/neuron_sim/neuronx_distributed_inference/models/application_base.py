@@ -35,6 +35,7 @@ from typing import Type
 import torch
 
 import _neuron_contract as contract
+from neuronx_distributed_inference._continuous_batching import check_continuous_batching
 from neuronx_distributed_inference.models.config import InferenceConfig, NeuronConfig, to_dict
 from neuronx_distributed_inference.modules.checkpoint import (
     load_state_dict,
@@ -182,6 +183,7 @@ class NeuronApplicationBase(torch.nn.Module):
         logger.info(f"Saving the neuron_config to {compiled_model_path}")
         contract.record("nxdi.compile", path=compiled_model_path, dry_run=dry_run)
 
+        check_continuous_batching(self.neuron_config)  # tracing asserts it (stand-in: _continuous_batching.py)
         traced_model = self._trace()
 
         if dry_run:
@@ -226,7 +228,11 @@ class NeuronApplicationBase(torch.nn.Module):
         logger.info(f"Warmup completed in {time.time() - start_time} seconds.")
 
     def load_weights(self, compiled_model_path, start_rank_id=None, local_ranks_size=None):
+        from neuronx_distributed_inference._continuous_batching import SlotRuntime
         from neuronx_distributed_inference._reference import ReferenceRuntime
+
+        # continuous batching computes on KV-cache slots (stand-in: _continuous_batching.py)
+        runtime_cls = SlotRuntime if self.neuron_config.is_continuous_batching else ReferenceRuntime
 
         compiled_model_path = normalize_path(compiled_model_path)
 
@@ -261,10 +267,10 @@ class NeuronApplicationBase(torch.nn.Module):
                            framework="pt") as fh:
                 split = set(json.loads((fh.metadata() or {}).get("split", "[]")))
             model_sd = {k: (torch.cat([f[k] for f in ranks]) if k in split else ranks[0][k]) for k in ranks[0]}
-            self._runtime = ReferenceRuntime(self, state_dict=model_sd)
+            self._runtime = runtime_cls(self, state_dict=model_sd)
         else:
             logger.info("Sharding weights on load...")
-            self._runtime = ReferenceRuntime(self, quantized_state_dict=self._checkpoint_for_load())
+            self._runtime = runtime_cls(self, quantized_state_dict=self._checkpoint_for_load())
 
         logger.info(f"Finished weights loading in {time.monotonic() - start_time} seconds")
 

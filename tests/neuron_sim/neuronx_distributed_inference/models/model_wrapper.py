@@ -16,6 +16,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from neuronx_distributed_inference._continuous_batching import forward_slots
+
 CONTEXT_ENCODING_MODEL_TAG = "context_encoding_model"
 TOKEN_GENERATION_MODEL_TAG = "token_generation_model"
 SPECULATION_MODEL_TAG = "speculation_model"
@@ -131,6 +133,9 @@ class ModelWrapper(torch.nn.Module):
         args = tuple(arg for arg in args if isinstance(arg, torch.Tensor))
         args = self.pad_inputs(*args, pad_type=pad_type)
         input_ids, attention_mask, position_ids, seq_ids = args[:4]
+        runtime = self._application[0]._runtime
+        if getattr(runtime, "continuous_batching", False):  # seq_ids name KV-cache rows (_continuous_batching.py)
+            return forward_slots(self, runtime, input_ids, attention_mask, position_ids, seq_ids)
         input_batch_size = seq_ids.shape[0]
         batch_size = self.neuron_config.batch_size
         if input_batch_size == batch_size:
