@@ -24,7 +24,7 @@ FLOORS = {
     "helpers.planning": 1,
     "helpers.engine": 2,
     "helpers.artifacts": 3, "helpers.neuron": 3,
-    "helpers.parallel": 4,
+    "helpers.parallel": 4, "helpers.serving": 4,
     "helpers.notebook": 5,
 }
 FACE = "helpers"

@@ -1,0 +1,1 @@
+"""Serving: continuous batching and prefix caching over the engine."""
