@@ -23,6 +23,8 @@ import torch
 
 from ..engine.model import Transformer, build_mask
 from ..planning.buckets import nxdi_prefix_caching_select
+from ..planning.dtypes import amp_bytes
+from ..planning.memory import Shape, load_model_config, plan
 from .blocks import BlockPool, SequenceBlocks, kv_bytes_per_block, slot_mapping
 
 
@@ -53,6 +55,20 @@ class PagedTransformer(Transformer):
         k_cache[:, :, phys[slots]] = flat_k[:, :, slots]  # scatter the new positions back to their blocks
         v_cache[:, :, phys[slots]] = flat_v[:, :, slots]
         return o
+
+
+@torch.inference_mode()
+def paged_forward(tr: PagedTransformer, token_ids: Sequence[int], start: int, slots: Sequence[int]) -> torch.Tensor:
+    """Encode ``token_ids`` at positions ``start, start + 1, ...`` of one sequence whose positions ``[0, end)`` live
+    at the physical ``slots`` (its slot mapping; ``[0, start)`` already written); logits [1, V] of the last one."""
+    dev, end = tr.device, start + len(token_ids)
+    if len(slots) != end:
+        raise ValueError(f"{len(slots)} slots for positions [0, {end})")
+    tr.gather = torch.as_tensor(list(slots), dtype=torch.long, device=dev)
+    pos = torch.arange(start, end, device=dev)
+    mask = build_mask(pos, torch.zeros(1, dtype=torch.long, device=dev), end, tr.args.sliding_window)
+    idx = torch.full((1, 1), end - start - 1, device=dev)
+    return tr.forward(torch.tensor([list(token_ids)], device=dev), pos[None], pos, end, mask, idx)[:, -1]
 
 
 @dataclass
@@ -92,13 +108,8 @@ class PrefixCachingEngine:
 
     def _forward(self, seq: SequenceBlocks, start: int, end: int) -> torch.Tensor:
         """Encode positions [start, end) of ``seq`` over its cached [0, start); logits of position end - 1."""
-        dev = self.tr.device
-        self.tr.gather = torch.tensor(slot_mapping(seq.block_table, 0, end, self.block_size), device=dev)
-        pos = torch.arange(start, end, device=dev)
-        tokens = torch.tensor([seq.token_ids[start:end]], device=dev)
-        mask = build_mask(pos, torch.zeros(1, dtype=torch.long, device=dev), end, self.tr.args.sliding_window)
-        idx = torch.full((1, 1), end - start - 1, device=dev)
-        return self.tr.forward(tokens, pos[None], pos, end, mask, idx)[:, -1]
+        return paged_forward(self.tr, seq.token_ids[start:end], start,
+                             slot_mapping(seq.block_table, 0, end, self.block_size))
 
     @torch.inference_mode()
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, keep: bool = False) -> RequestResult:
@@ -129,6 +140,18 @@ class PrefixCachingEngine:
         if not keep:
             self.pool.free(seq)
         return result
+
+
+def block_memory(model, block_size: int, tp_degree: int = 1, amp: str = "bf16") -> dict:
+    """Bytes of one KV block per NeuronCore for a model config (a shipped name, "embedded" or a path), with NxD
+    Inference's KV heads per core at ``tp_degree`` (its GQA layout, ``helpers.planning.memory.plan``)."""
+    shape = Shape.from_config(load_model_config(model))
+    p = plan(model, tp_degree, amp=amp, library="nxdi")
+    if p.error:
+        raise ValueError(p.error)
+    per_block = kv_bytes_per_block(shape.layers, p.kv_heads_per_core, shape.head_dim, block_size, amp_bytes(amp))
+    return {"model": shape.name, "tp": tp_degree, "kv_heads/core": p.kv_heads_per_core, "block_size": block_size,
+            "bytes_per_block": per_block, "bytes_per_token": per_block // block_size}
 
 
 # -- traffic ---------------------------------------------------------------------------------------------
