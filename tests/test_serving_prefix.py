@@ -7,7 +7,7 @@ import torch
 import helpers
 from helpers.serving.blocks import (BlockPool, OutOfBlocks, block_hashes, kv_bytes_per_block, simulate_hit_rate,
                                     slot_mapping)
-from helpers.serving.prefix import (PrefixCachingEngine, block_memory, bucket_rows, chat_traffic, shared_share_prompts,
+from helpers.serving.prefix import (PrefixCachingEngine, block_memory, bucket_rows, cached_prefixes, chat_traffic, shared_share_prompts,
                                     shared_tokens)
 from tiny_models import write_tiny
 
@@ -141,6 +141,8 @@ def test_engine_refuses_what_it_cannot_run(tiny):
 def test_bucket_rows_use_nxdi_selection(tiny):
     _, _, model = tiny
     e = PrefixCachingEngine(model, 64, 4)
-    rs = [e.generate(list(range(3, 43)), 1) for _ in range(2)]
-    rows = bucket_rows(rs, [(16, 0), (16, 32), (64, 0), (64, 32)])
-    assert rows[0]["bucket"] == (64, 0) and rows[1]["cached"] == 36 and rows[1]["bucket"] == (16, 32)
+    rs = e.serve([list(range(3, 43))] * 2, 1)
+    assert [r.cached_tokens for r in rs] == cached_prefixes([list(range(3, 43))] * 2, 64, 4) == [0, 36]
+    rows = bucket_rows([(r.prompt_len, r.cached_tokens) for r in rs], [(16, 0), (16, 32), (64, 0), (64, 32)])
+    assert rows[0]["bucket"] == (64, 0) and rows[1]["bucket"] == (16, 32) and rows[1]["bucket_no_cache"] == (64, 0)
+    assert "exceeds largest bucket" in bucket_rows([(100, 0)], [(16, 0), (64, 0)])[0]["bucket"]

@@ -141,6 +141,10 @@ class PrefixCachingEngine:
             self.pool.free(seq)
         return result
 
+    def serve(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[RequestResult]:
+        """Serve ``prompts`` one after another (each request's blocks are released when it ends)."""
+        return [self.generate(p, max_new_tokens) for p in prompts]
+
 
 def block_memory(model, block_size: int, tp_degree: int = 1, amp: str = "bf16") -> dict:
     """Bytes of one KV block per NeuronCore for a model config (a shipped name, "embedded" or a path), with NxD
@@ -202,15 +206,29 @@ def shared_tokens(prompts: Sequence[Sequence[int]]) -> float:
     return hit / max(1, total)
 
 
-def bucket_rows(results: Sequence[RequestResult], grid) -> list[dict]:
-    """For each served request: the (prefill, prefix) bucket NxDI 0.8 would run its context encoding in
-    (``helpers.planning.buckets.nxdi_prefix_caching_select``), or the error it would raise."""
+def cached_prefixes(prompts: Sequence[Sequence[int]], num_blocks: int, block_size: int) -> list[int]:
+    """Cached prompt tokens of each request of a stream served one after another (bookkeeping only, no model):
+    what ``PrefixCachingEngine`` finds in its cache for the same stream and pool."""
+    pool, out = BlockPool(num_blocks, block_size), []
+    for p in prompts:
+        seq = pool.allocate(p)
+        pool.commit(seq, len(p))
+        pool.free(seq)
+        out.append(seq.cached_tokens)
+    return out
+
+
+def bucket_rows(requests: Sequence[tuple[int, int]], grid) -> list[dict]:
+    """For each (prompt length, cached tokens): the (prefill, prefix) bucket NxD Inference 0.8 runs its context
+    encoding in (``helpers.planning.buckets.nxdi_prefix_caching_select``) or the error it raises, and the bucket
+    the same prompt takes without a cache hit."""
     rows = []
-    for r in results:
-        try:
-            bucket = nxdi_prefix_caching_select(grid, r.prompt_len, r.cached_tokens)
-        except ValueError as e:
-            bucket = str(e)
-        rows.append({"prompt": r.prompt_len, "cached": r.cached_tokens, "computed": r.computed_tokens,
-                     "bucket": bucket})
+    for prompt_len, cached in requests:
+        row = {"prompt": prompt_len, "cached": cached}
+        for key, hit in (("bucket", cached), ("bucket_no_cache", 0)):
+            try:
+                row[key] = nxdi_prefix_caching_select(grid, prompt_len, hit)
+            except ValueError as e:
+                row[key] = str(e)
+        rows.append(row)
     return rows
