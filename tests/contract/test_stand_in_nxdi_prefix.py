@@ -21,28 +21,23 @@ PREFILL, PREFIX, TKG = [32, 64], [32, 64], [128]
 
 @pytest.fixture(scope="module")
 def env():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("NEURON_NB_GEMV", "mkl")
-        mp.setenv("NEURON_NB_GEMM", "mkl")
-        import helpers
-        from helpers.neuron import neuron_model_dir
-        from neuronx_distributed_inference.models.config import NeuronConfig
-        from neuronx_distributed_inference.models.llama.modeling_llama import (LlamaInferenceConfig,
-                                                                               NeuronLlamaForCausalLM)
-        from neuronx_distributed_inference.utils import hf_adapter
+    """A prefix-caching NxDI model factory over the embedded checkpoint (the keywords of the NxDI guide)."""
+    import helpers
+    from helpers.neuron import neuron_model_dir
+    from neuronx_distributed_inference.models.config import NeuronConfig
+    from neuronx_distributed_inference.models.llama.modeling_llama import LlamaInferenceConfig, NeuronLlamaForCausalLM
+    from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
 
-        path = neuron_model_dir(None)
+    path = neuron_model_dir(None)
+    base = dict(seq_len=SEQ_LEN, torch_dtype="float32", is_prefix_caching=True, is_block_kv_layout=True,
+                pa_num_blocks=BLOCKS, pa_block_size=BS, enable_bucketing=True, context_encoding_buckets=PREFILL,
+                prefix_buckets=PREFIX, token_generation_buckets=TKG)
 
-        def model(**kw):
-            settings = dict(seq_len=SEQ_LEN, torch_dtype="float32", is_prefix_caching=True, is_block_kv_layout=True,
-                            pa_num_blocks=BLOCKS, pa_block_size=BS, enable_bucketing=True,
-                            context_encoding_buckets=list(PREFILL), prefix_buckets=list(PREFIX),
-                            token_generation_buckets=list(TKG))
-            settings.update(kw)
-            cfg = LlamaInferenceConfig(NeuronConfig(**settings), load_config=hf_adapter.load_pretrained_config(path))
-            return NeuronLlamaForCausalLM(path, cfg)
+    def model(**kw):
+        nc = NeuronConfig(**{k: (list(v) if isinstance(v, list) else v) for k, v in {**base, **kw}.items()})
+        return NeuronLlamaForCausalLM(path, LlamaInferenceConfig(nc, load_config=load_pretrained_config(path)))
 
-        yield {"helpers": helpers, "path": path, "model": model}
+    return {"helpers": helpers, "path": path, "model": model}
 
 
 def test_two_dimensional_buckets(env):
