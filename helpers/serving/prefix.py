@@ -34,7 +34,9 @@ class PagedTransformer(Transformer):
     Before each forward, set ``gather`` to the physical slots of logical positions ``[0, kv_len)`` of the sequence
     (``slot_mapping`` of its block table); ``forward``'s ``slots`` are then logical positions, as in the base."""
 
-    def __init__(self, base: Transformer, num_blocks: int, block_size: int):  # noqa: super().__init__ would allocate
+    def __init__(self, base: Transformer, num_blocks: int, block_size: int):
+        # Shares the base's weights, kernels and RoPE tables; Transformer.__init__ is not called (it would allocate
+        # a per-sequence cache).
         self.args, self.w, self.comm, self.linear = base.args, base.w, base.comm, base.linear
         self.dtype, self.device = base.dtype, base.device
         self.cos, self.sin, self.sin_signed = base.cos, base.sin, base.sin_signed
