@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 import _neuron_contract as contract
+from neuronx_distributed_inference._prefix_caching import PrefixCachingRuntime
 
 QUANTIZED_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -108,8 +109,11 @@ class ReferenceRuntime:
             quant_file = self._write_quant_file(app, {k: v for k, v in quantized_state_dict.items()
                                                       if v.dtype == torch.int8 or k.endswith(".scale")})
         quant = _quant_config(nc, quant_file) if nc.quantized else None
-        ctx = list(autobucketing.generate_buckets_for_cte(app.config))
-        tkg = list(autobucketing.generate_buckets_for_speculation(app.config))  # = the token-generation rule
+        if nc.is_prefix_caching:  # the engine only lends its weights to the block KV cache (_prefix_caching.py)
+            ctx, tkg = [nc.max_context_length], [nc.max_length]
+        else:
+            ctx = list(autobucketing.generate_buckets_for_cte(app.config))
+            tkg = list(autobucketing.generate_buckets_for_speculation(app.config))  # = the token-generation rule
         bucketing = NxDIBucketing(enable_bucketing=True, context_encoding_buckets=ctx, token_generation_buckets=tkg,
                                   max_context_length=nc.max_context_length,
                                   allow_input_truncation=nc.allow_input_truncation)
@@ -121,6 +125,7 @@ class ReferenceRuntime:
             self.engine.enable_speculative_decoder(nc.speculation_length - 1)
         self.engine.to_neuron()
         self.largest_slot = self.engine.n_positions
+        self.prefix = PrefixCachingRuntime(app, self.engine) if nc.is_prefix_caching else None
 
     def _engine_class(self):
         """The reference engine class (None: helpers.NeuronModel); continuous batching uses KV-cache slots."""

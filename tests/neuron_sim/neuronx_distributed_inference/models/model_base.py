@@ -18,7 +18,11 @@ Transcribed:
 
 Padding: ``padding_side='right'`` (the default) only; see ``_reference.py`` for what is refused and why.
 
-Not transcribed: fused speculation, EAGLE, Medusa, async mode, prefix caching, block KV, LoRA, tensor
+Prefix caching (``is_prefix_caching`` + ``is_block_kv_layout``): the dispatch with block tables, slot mappings and
+context lengths, the inferred attention mask and the two-dimensional buckets, in
+``neuronx_distributed_inference/_prefix_caching.py``.
+
+Not transcribed: fused speculation, EAGLE, Medusa, async mode, chunked prefill, LoRA, tensor
 replacement / capture (they raise NotImplementedError). Numbers: the reference engine at tp_degree=1
 (``neuronx_distributed_inference/_reference.py``).
 """
@@ -29,6 +33,7 @@ from typing import Callable, List, Optional, Tuple, Union
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from neuronx_distributed_inference import _prefix_caching
 from neuronx_distributed_inference.models.application_base import NeuronApplicationBase
 from neuronx_distributed_inference.models.model_wrapper import (
     CONTEXT_ENCODING_MODEL_TAG,
@@ -58,11 +63,13 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
         self.async_mode = self.neuron_config.async_mode
         if self.async_mode:
             raise NotImplementedError("stand-in: async_mode is not transcribed")
-        for flag in ("enable_fused_speculation", "is_medusa", "is_prefix_caching", "is_block_kv_layout",
-                     "is_chunked_prefill", "on_device_sampling_config", "tensor_replacement_config",
-                     "tensor_capture_config"):
+        for flag in ("enable_fused_speculation", "is_medusa", "is_chunked_prefill", "on_device_sampling_config",
+                     "tensor_replacement_config", "tensor_capture_config"):
             if getattr(self.neuron_config, flag):
                 raise NotImplementedError(f"stand-in: {flag} is not transcribed")
+        self.is_prefix_caching = self.neuron_config.is_prefix_caching
+        if self.is_prefix_caching or self.neuron_config.is_block_kv_layout:
+            _prefix_caching.check_config(self.neuron_config)
 
         self.sampler = None
         self.default_sampling_params = prepare_sampling_params(
@@ -158,6 +165,8 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
                           full_context_lens: Optional[torch.LongTensor] = None,
                           computed_context_lens: Optional[torch.LongTensor] = None,
                           rotary_position_ids: Optional[torch.LongTensor] = None,):
+        if attention_mask is None and self.neuron_config.is_prefix_caching:
+            attention_mask = _prefix_caching.infer_attention_mask(position_ids)
         if attention_mask is None:
             raise NotImplementedError("stand-in: attention_mask inferred from position_ids is not transcribed")
 
@@ -239,6 +248,10 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
             adapter_ids,
             medusa_args,
             llava_args,
+            slot_mapping,
+            block_table,
+            full_context_lens,
+            computed_context_lens,
             tf_args=tf_args
         )
         logits_or_next_tokens = outputs
@@ -277,6 +290,16 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
         computed_context_lens=None,
         tf_args=None
     ):
+        if self.neuron_config.is_prefix_caching:
+            num_queries = full_context_lens - computed_context_lens
+            is_context_encoding = input_ids.shape[-1] > 1 and not position_ids.min().item()
+            self.base_model = self.context_encoding_model if is_context_encoding else self.token_generation_model
+            outputs = self.base_model(
+                input_ids, attention_mask, position_ids, seq_ids, sampling_params, torch.empty(0), adapter_ids,
+                torch.empty(0), torch.empty(0), torch.empty(0), torch.empty(0),
+                slot_mapping, block_table, num_queries, computed_context_lens, *llava_args,
+            )
+            return outputs, self.base_model.is_neuron()
         if self._is_prefill(position_ids):
             outputs = self.context_encoding_model(
                 input_ids,

@@ -8,6 +8,9 @@ width), ``pad_inputs``' errors and truncation warnings, ``forward``'s "Forward c
 its handling of a batch smaller than the compiled one (rows repeated, results cut back). A batch larger than
 the compiled one (the release runs it in slices) is not emulated.
 
+With prefix caching, ``forward`` selects the (prefill, prefix) bucket as ``get_target_2d_bucket_for_prefix_caching``
+and runs the block KV cache (``neuronx_distributed_inference/_prefix_caching.py``).
+
 The graph itself is the reference engine (``neuronx_distributed_inference/_reference.py``).
 """
 import logging
@@ -16,6 +19,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+import _neuron_contract as contract
+from neuronx_distributed_inference import _prefix_caching
 from neuronx_distributed_inference._continuous_batching import forward_slots
 
 CONTEXT_ENCODING_MODEL_TAG = "context_encoding_model"
@@ -115,6 +120,19 @@ class ModelWrapper(torch.nn.Module):
             args = (input_ids, attention_mask, *rest_of_args)
         return args
 
+    def _forward_prefix_caching(self, *args):
+        """args as NeuronBaseForCausalLM._get_model_outputs passes them with prefix caching: [11] slot_mapping,
+        [12] block_table, [13] num_queries, [14] computed_context_lens."""
+        if self.tag == CONTEXT_ENCODING_MODEL_TAG and args[0].shape[0] > 1:
+            raise NotImplementedError("stand-in: a context-encoding batch of several prompts (the release pads "
+                                      "each later) is not emulated: encode one prompt per call")
+        bucket = _prefix_caching.target_2d_bucket(self.neuron_config.buckets, self.tag, args[13], args[14],
+                                                  self.neuron_config.allow_input_truncation)
+        contract.record("nxdi.prefix_caching_bucket", tag=self.tag, bucket=tuple(bucket))
+        num_queries, computed = args[13], args[14]
+        runtime = self._application[0]._runtime.prefix
+        return runtime.run(args[0], args[2], args[11], args[12], num_queries + computed, computed)
+
     def _run(self, input_ids, attention_mask, position_ids):
         runtime = self._application[0]._runtime
         if self.tag == CONTEXT_ENCODING_MODEL_TAG:
@@ -130,6 +148,8 @@ class ModelWrapper(torch.nn.Module):
             raise RuntimeError(
                 "Forward called before load. Run load() or load_state_dict() making calling forward"
             )
+        if self.neuron_config.is_prefix_caching:
+            return self._forward_prefix_caching(*args)
         args = tuple(arg for arg in args if isinstance(arg, torch.Tensor))
         args = self.pad_inputs(*args, pad_type=pad_type)
         input_ids, attention_mask, position_ids, seq_ids = args[:4]

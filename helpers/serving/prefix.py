@@ -1,0 +1,236 @@
+"""Prefix caching on the reference engine: a block KV cache, prefill of the uncached suffix only, then decode.
+
+``PagedTransformer`` is the engine's ``Transformer`` (same weights, kernels and RoPE tables) over a block KV cache:
+one pool of ``num_blocks * block_size`` physical slots per layer instead of one row per sequence. Its attention does
+what NxD Inference 0.8 does with ``is_prefix_caching`` ("first gathering the block KV cache using the block table,
+then converting it to a flat KV cache layout, computing attention, and finally scattering the computed cache back
+to the block KV cache layout", the NxDI guide; ``modules/kvcache/block_kv_cache_manager.py``): gather the sequence's
+slots into a flat cache, run the engine's own attention on it, scatter the new positions back.
+
+``PrefixCachingEngine`` serves prompts one at a time with ``helpers.serving.blocks.BlockPool`` doing the bookkeeping
+(block tables, hashes, reuse, eviction): a prompt whose first full blocks are cached computes only the rest,
+attending over the cached blocks. ``enable_caching=False`` is the same engine without reuse (the baseline).
+Greedy decoding; the numbers are the reference engine's.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..engine.model import Transformer, build_mask
+from ..planning.buckets import nxdi_prefix_caching_select
+from ..planning.dtypes import amp_bytes
+from ..planning.memory import Shape, load_model_config, plan
+from .blocks import BlockPool, SequenceBlocks, kv_bytes_per_block, slot_mapping
+
+
+class PagedTransformer(Transformer):
+    """The base model's forward over a block KV cache ``[layers, 1, kv_heads, num_blocks * block_size, head_dim]``.
+
+    Before each forward, set ``gather`` to the physical slots of logical positions ``[0, kv_len)`` of the sequence
+    (``slot_mapping`` of its block table); ``forward``'s ``slots`` are then logical positions, as in the base."""
+
+    def __init__(self, base: Transformer, num_blocks: int, block_size: int):
+        # Shares the base's weights, kernels and RoPE tables; Transformer.__init__ is not called (it would allocate
+        # a per-sequence cache).
+        self.args, self.w, self.comm, self.linear = base.args, base.w, base.comm, base.linear
+        self.dtype, self.device = base.dtype, base.device
+        self.cos, self.sin, self.sin_signed = base.cos, base.sin, base.sin_signed
+        self.num_blocks, self.block_size = int(num_blocks), int(block_size)
+        shape = (base.args.n_layers, 1, base.w.n_kv, self.num_blocks * self.block_size, base.args.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=base.dtype, device=base.device)
+        self.v_cache = torch.zeros(shape, dtype=base.dtype, device=base.device)
+        self.gather: torch.Tensor | None = None
+
+    @property
+    def max_positions(self) -> int:
+        return self.cos.shape[0]
+
+    def attention(self, q, k, v, k_cache, v_cache, cos, sin, slots, kv_len: int, attn_mask):
+        phys = self.gather[:kv_len]
+        flat_k, flat_v = k_cache[:, :, phys], v_cache[:, :, phys]  # gather: the flat layout of this sequence
+        o = super().attention(q, k, v, flat_k, flat_v, cos, sin, slots, kv_len, attn_mask)
+        k_cache[:, :, phys[slots]] = flat_k[:, :, slots]  # scatter the new positions back to their blocks
+        v_cache[:, :, phys[slots]] = flat_v[:, :, slots]
+        return o
+
+
+@torch.inference_mode()
+def paged_forward(tr: PagedTransformer, token_ids: Sequence[int], start: int, slots: Sequence[int]) -> torch.Tensor:
+    """Encode ``token_ids`` at positions ``start, start + 1, ...`` of one sequence whose positions ``[0, end)`` live
+    at the physical ``slots`` (its slot mapping; ``[0, start)`` already written); logits [1, V] of the last one."""
+    dev, end = tr.device, start + len(token_ids)
+    if len(slots) != end:
+        raise ValueError(f"{len(slots)} slots for positions [0, {end})")
+    tr.gather = torch.as_tensor(list(slots), dtype=torch.long, device=dev)
+    pos = torch.arange(start, end, device=dev)
+    mask = build_mask(pos, torch.zeros(1, dtype=torch.long, device=dev), end, tr.args.sliding_window)
+    idx = torch.full((1, 1), end - start - 1, device=dev)
+    return tr.forward(torch.tensor([list(token_ids)], device=dev), pos[None], pos, end, mask, idx)[:, -1]
+
+
+@dataclass
+class RequestResult:
+    prompt_len: int
+    cached_tokens: int       # prompt tokens whose KV came from the cache
+    computed_tokens: int     # prompt tokens encoded by this request's prefill
+    tokens: list[int]        # generated token ids (greedy)
+    ttft_s: float
+    total_s: float
+    block_table: list[int]
+
+
+class PrefixCachingEngine:
+    """Serve prompts over a block KV cache of ``num_blocks`` blocks of ``block_size`` positions.
+
+    ``model``: a built reference model (``helpers.build_model``, tp_degree=1): its weights are shared, its own KV
+    cache is not used."""
+
+    def __init__(self, model, num_blocks: int, block_size: int, enable_caching: bool = True):
+        tr = getattr(model, "model", None)
+        if not isinstance(tr, Transformer) or getattr(model, "tp_degree", 1) != 1:
+            raise ValueError("PrefixCachingEngine runs on a built reference model at tp_degree=1 "
+                             "(helpers.build_model(bk, ..., tp_degree=1) with backend 'reference')")
+        self.tr = PagedTransformer(tr, num_blocks, block_size)
+        self.pool = BlockPool(num_blocks, block_size, enable_caching)
+        self.block_size = int(block_size)
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        a, t = self.tr.args, self.tr.k_cache
+        return kv_bytes_per_block(a.n_layers, self.tr.w.n_kv, a.head_dim, self.block_size, t.element_size())
+
+    def _sync(self):
+        if self.tr.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def _forward(self, seq: SequenceBlocks, start: int, end: int) -> torch.Tensor:
+        """Encode positions [start, end) of ``seq`` over its cached [0, start); logits of position end - 1."""
+        return paged_forward(self.tr, seq.token_ids[start:end], start,
+                             slot_mapping(seq.block_table, 0, end, self.block_size))
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, keep: bool = False) -> RequestResult:
+        """Greedy generation of ``max_new_tokens`` (no EOS stop). The prompt's full blocks are registered in the
+        cache after its prefill; ``keep=True`` leaves the sequence's blocks referenced (not evictable)."""
+        L = len(prompt_ids)
+        if L + max_new_tokens > self.tr.max_positions:
+            raise ValueError(f"prompt {L} + {max_new_tokens} new tokens exceed the model's {self.tr.max_positions} "
+                             "positions: raise n_positions of the base model or shorten the request")
+        t0 = time.perf_counter()
+        seq = self.pool.allocate(prompt_ids)
+        start = seq.cached_tokens
+        logits = self._forward(seq, start, L)
+        self.pool.commit(seq, L)
+        out = []
+        for i in range(max_new_tokens):
+            tok = int(logits.argmax(-1))
+            out.append(tok)
+            if i == 0:
+                self._sync()
+                ttft = time.perf_counter() - t0
+            if i + 1 == max_new_tokens:
+                break
+            self.pool.append_token(seq, tok)
+            logits = self._forward(seq, len(seq.token_ids) - 1, len(seq.token_ids))
+        self._sync()
+        result = RequestResult(L, start, L - start, out, ttft, time.perf_counter() - t0, list(seq.block_table))
+        if not keep:
+            self.pool.free(seq)
+        return result
+
+    def serve(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[RequestResult]:
+        """Serve ``prompts`` one after another (each request's blocks are released when it ends)."""
+        return [self.generate(p, max_new_tokens) for p in prompts]
+
+
+def block_memory(model, block_size: int, tp_degree: int = 1, amp: str = "bf16") -> dict:
+    """Bytes of one KV block per NeuronCore for a model config (a shipped name, "embedded" or a path), with NxD
+    Inference's KV heads per core at ``tp_degree`` (its GQA layout, ``helpers.planning.memory.plan``)."""
+    shape = Shape.from_config(load_model_config(model))
+    p = plan(model, tp_degree, amp=amp, library="nxdi")
+    if p.error:
+        raise ValueError(p.error)
+    per_block = kv_bytes_per_block(shape.layers, p.kv_heads_per_core, shape.head_dim, block_size, amp_bytes(amp))
+    return {"model": shape.name, "tp": tp_degree, "kv_heads/core": p.kv_heads_per_core, "block_size": block_size,
+            "bytes_per_block": per_block, "bytes_per_token": per_block // block_size}
+
+
+# -- traffic ---------------------------------------------------------------------------------------------
+def random_tokens(n: int, vocab: int, rng: np.random.Generator, low: int = 100) -> list[int]:
+    """``n`` random token ids in [low, vocab): clear of the special tokens at the start of the vocabulary."""
+    return rng.integers(low, vocab, size=int(n)).tolist()
+
+
+def shared_share_prompts(share: float, prompt_len: int, n: int, vocab: int, seed: int) -> list[list[int]]:
+    """``n`` prompts of ``prompt_len`` tokens whose first ``round(share * prompt_len)`` tokens are one shared prefix
+    (a system prompt) and the rest unique to each request."""
+    if not 0 <= share < 1:
+        raise ValueError(f"share={share}: must be in [0, 1) (a prompt needs at least one token of its own)")
+    rng = np.random.default_rng(seed)
+    shared = random_tokens(round(share * prompt_len), vocab, rng)
+    return [shared + random_tokens(prompt_len - len(shared), vocab, rng) for _ in range(n)]
+
+
+def chat_traffic(n_requests: int, vocab: int, seed: int, system_lens: Sequence[int], fewshot_lens: Sequence[int],
+                 fewshot_prob: float, question_len: tuple[int, int]) -> list[list[int]]:
+    """Chat-like prompts: one of the system prompts (lengths ``system_lens``, picked uniformly), then with
+    probability ``fewshot_prob`` one of the few-shot blocks (``fewshot_lens``), then a unique question of
+    ``question_len`` = (min, max) tokens."""
+    rng = np.random.default_rng(seed)
+    systems = [random_tokens(n, vocab, rng) for n in system_lens]
+    shots = [random_tokens(n, vocab, rng) for n in fewshot_lens]
+    prompts = []
+    for _ in range(n_requests):
+        p = list(systems[rng.integers(len(systems))])
+        if shots and rng.random() < fewshot_prob:
+            p += shots[rng.integers(len(shots))]
+        prompts.append(p + random_tokens(rng.integers(question_len[0], question_len[1] + 1), vocab, rng))
+    return prompts
+
+
+def shared_tokens(prompts: Sequence[Sequence[int]]) -> float:
+    """Upper bound of any prefix cache on a stream: the share of prompt tokens that repeat the longest common
+    prefix with some earlier prompt (block size 1, unlimited blocks, the last token always computed)."""
+    seen: set[tuple] = set()
+    hit = total = 0
+    for p in prompts:
+        p = tuple(p)
+        n = 0
+        while n < len(p) - 1 and p[:n + 1] in seen:
+            n += 1
+        hit, total = hit + n, total + len(p)
+        seen.update(p[:k] for k in range(1, len(p) + 1))
+    return hit / max(1, total)
+
+
+def cached_prefixes(prompts: Sequence[Sequence[int]], num_blocks: int, block_size: int) -> list[int]:
+    """Cached prompt tokens of each request of a stream served one after another (bookkeeping only, no model):
+    what ``PrefixCachingEngine`` finds in its cache for the same stream and pool."""
+    pool, out = BlockPool(num_blocks, block_size), []
+    for p in prompts:
+        seq = pool.allocate(p)
+        pool.commit(seq, len(p))
+        pool.free(seq)
+        out.append(seq.cached_tokens)
+    return out
+
+
+def bucket_rows(requests: Sequence[tuple[int, int]], grid) -> list[dict]:
+    """For each (prompt length, cached tokens): the (prefill, prefix) bucket NxD Inference 0.8 runs its context
+    encoding in (``helpers.planning.buckets.nxdi_prefix_caching_select``) or the error it raises, and the bucket
+    the same prompt takes without a cache hit."""
+    rows = []
+    for prompt_len, cached in requests:
+        row = {"prompt": prompt_len, "cached": cached}
+        for key, hit in (("bucket", cached), ("bucket_no_cache", 0)):
+            try:
+                row[key] = nxdi_prefix_caching_select(grid, prompt_len, hit)
+            except ValueError as e:
+                row[key] = str(e)
+        rows.append(row)
+    return rows
