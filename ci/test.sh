@@ -1,19 +1,40 @@
 #!/usr/bin/env bash
-# The test command. Set up, then:
-#   1. pytest tests/ (main venv, reference backend): unit tests of helpers, engine parity with transformers,
-#      the runner, and every notebook once through papermill with ci/params/cpu.yaml;
-#   2. the two neuron lanes (ci/neuron_sim.sh tnx, then nxdi): the contract and stand-in tests of each pinned
-#      stack and every notebook with backend="neuron", under the transformers version the stack pins.
-# All three run even when one fails; the exit status is non-zero if any failed. Extra arguments go to pytest.
+# The test command. Set up (.venv and both neuron-lane venvs), then two streams, one per core of a 2-core
+# machine, each single-threaded (OMP_NUM_THREADS=1, so they do not oversubscribe the cores):
+#   stream 1: every notebook once through papermill on the reference backend, at its own defaults
+#             (tests/test_notebooks.py, ci/params/cpu.yaml, metrics against ci/baselines/cpu.json);
+#   stream 2: the unit tests of helpers (engine parity with transformers, the runner, the benchmarks'
+#             smoke runs), then the two neuron lanes (ci/neuron_sim.sh tnx, then nxdi): the contract and
+#             stand-in tests of each pinned stack and every notebook with backend="neuron", under the
+#             transformers version the stack pins.
+# Stream 1's log is printed when both have finished (also kept in $OUT_DIR/test-logs, default out/).
+# Everything runs even when a part fails; the exit status is non-zero if any failed. Extra arguments go to
+# both pytest runs. The figures the notebooks print here are single-threaded and measured beside another
+# stream: ratios within one run hold, absolute speeds are lower than on an idle machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash ci/setup.sh || exit 1
+for stack in tnx nxdi; do
+  bash ci/neuron_sim.sh "$stack" --setup || exit 1
+done
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export OMP_NUM_THREADS=1
+LOGS="${OUT_DIR:-out}/test-logs"
+mkdir -p "$LOGS"
 status=0
+
+.venv/bin/python -m pytest tests/test_notebooks.py -q -ra "$@" > "$LOGS/notebooks.log" 2>&1 &
+notebooks=$!
+
 # tests/contract runs inside each lane (its NxD Inference stand-in needs that stack's transformers)
-.venv/bin/python -m pytest tests -q -ra --durations=15 --ignore=tests/contract "$@" || status=1
+.venv/bin/python -m pytest tests -q -ra --durations=15 --ignore=tests/contract --ignore=tests/test_notebooks.py "$@" \
+  || status=1
 for stack in tnx nxdi; do
   echo "== neuron lane: $stack"
   bash ci/neuron_sim.sh "$stack" || status=1
 done
+
+wait "$notebooks" || status=1
+echo "== every notebook on the reference backend (tests/test_notebooks.py)"
+cat "$LOGS/notebooks.log"
 exit $status
