@@ -8,7 +8,8 @@ checks it), from the ground up:
 - ``engine/``: the reference engine: model, weights, CPU kernels, int8, the sampling loop; imports planning, ground
 - ``artifacts/``: graphs compiled ahead of time, their persistence, ``NeuronModel``; imports engine and below
 - ``parallel/``: tensor parallelism, one process per rank (``ParallelModel``); imports artifacts and below
-- ``serving/``: many requests through one model (KV-cache slots, continuous vs static batching); imports engine and below
+- ``serving/``: many requests through one model (KV-cache slots, continuous vs static batching; a block KV cache with
+  prefix reuse); imports engine and below
 - ``neuron/``: the adapter to the real SDKs (transformers-neuronx, NxD Inference); imports engine and below
 - ``notebook/``: what the notebooks share (backend, ``build_model``, reports, plots, metrics); imports every floor
 - ``helpers`` (this face): the names notebooks call as ``helpers.xxx``
