@@ -32,8 +32,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import helpers  # noqa: E402
 from helpers.prompts import SPECULATION_TASKS, encode_prompts  # noqa: E402
-from helpers.engine.speculative import (ModelDraft, PromptLookupDraft, expected_speedup, step_cost, sweep_k,  # noqa: E402
-                                 write_truncated_draft)
+from helpers.engine.speculative import (ModelDraft, PromptLookupDraft, expected_speedup, sweep_k,  # noqa: E402
+                                        write_truncated_draft)
+from helpers.engine.timing import draft_cost_ratio, verify_costs  # noqa: E402
 
 
 def parse(argv=None):
@@ -81,17 +82,19 @@ def run(a) -> dict:
             name = f"truncated_{a.draft_layers}L"
             draft_model = build(0, write_truncated_draft(model_dir, a.draft_layers, Path(tmp) / "draft"))
             factories[name] = lambda: ModelDraft(draft_model)
-            draft_cost[name] = step_cost(draft_model, 1) / step_cost(build(0), 1)
+            draft_cost[name] = draft_cost_ratio(draft_model, build(0))
             print(f"{name} draft: one step costs {draft_cost[name]:.3f} of a target step")
         rows = []
         print(f"{'task':6s} {'draft':15s} {'k':>2s} {'accept':>6s} {'tok/call':>8s} {'plain tok/s':>11s} "
               f"{'spec tok/s':>10s} {'speedup [range]':>18s} {'model':>6s} identical")
+        verify_target = build(max(a.ks))
         for task, ids in encs.items():
+            verify = verify_costs(verify_target, a.ks, ids.shape[1])  # k -> verification over a decode step
             for name, make in factories.items():
                 for r in sweep_k(build, make, a.ks, ids, ids.shape[1] + a.new_tokens, tok.eos_token_id, a.repeats):
-                    r.update(task=task, draft=name, draft_cost_ratio=draft_cost[name],
+                    r.update(task=task, draft=name, draft_cost_ratio=draft_cost[name], verify_cost_ratio=verify[r["k"]],
                              model_speedup=expected_speedup(r["acceptance_rate"], r["k"], draft_cost[name],
-                                                            r["verify_cost_ratio"]))
+                                                            verify[r["k"]]))
                     lo, hi = r["speedup_range"]
                     print(f"{task:6s} {name:15s} {r['k']:2d} {r['acceptance_rate']:6.2f} {r['tokens_per_round']:8.2f} "
                           f"{r['plain_tokens_per_s']:11.1f} {r['spec_tokens_per_s']:10.1f} "

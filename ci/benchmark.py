@@ -17,7 +17,14 @@ bytes) and a read-only reduction; the roofline uses the faster of the two.
     python ci/benchmark.py --compiled aoti  #   ... or any other NeuronConfig(compiled=...) value
     python ci/benchmark.py --json out.json  # also write every figure as JSON ('-': JSON on stdout)
     python ci/benchmark.py --quick          # CI smoke run: f32, batch 1, 32 + 32 tokens, 3 repeats
+    python ci/benchmark.py --rows 1 2 4 8 16  # the step table's row counts (default 1 2 4 8)
     python ci/benchmark.py --profile        # plus a torch.profiler table of one engine decode
+
+Steps by rows: one forward over 1, 2, 4, 8 rows, as decode at batch b (a model built for batch b)
+and as the verification of k+1 tokens of one sequence (the speculative graph), each at the position
+after the prompt, cases alternating; their ratio to the one-row step is what a batch or a
+verification costs over a single token. Prefill: the engine's time to the first token over
+``generate()``'s, per configuration.
 
 Needs only torch and transformers (and this repository's ``helpers``). Nothing is downloaded.
 """
@@ -40,9 +47,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import helpers  # noqa: E402
 from helpers.engine import kernels as engine_kernels  # noqa: E402
+from helpers.engine.timing import step_seconds  # noqa: E402
 from helpers.planning.dtypes import amp_dtype  # noqa: E402
 
 GOAL = {"amp": "f32", "batch_size": 1, "engine_over_hf": 2.0, "engine_over_roofline": 0.6}
+STEP_GOAL = {"amp": "f32", "rows": 8, "max_over_one_row": 1.5}  # a step over 8 rows <= 1.5 x a one-row step
+PREFILL_GOAL = {"amp": "f32", "batch_sizes": (1, 8), "max_engine_over_hf": 1.0}  # prefill no slower than HF
 TEXT = ("The history of astronomy spans thousands of years, from the first careful records of the night sky "
         "to telescopes in orbit. Early observers tracked the motion of the Sun, the Moon and the planets, "
         "built calendars around them and predicted eclipses. ")
@@ -194,7 +204,7 @@ def bench_config(amp: str, batch: int, a, tokenizer, bw: dict, device) -> dict:
     step_bytes = streamed_bytes(m) + kv_bytes_per_step(m.args, dtype, batch, P + (N - 1) / 2)
     roof = bw["roofline_gbs"] * 1e9 / step_bytes
     res["roofline"] = {"bytes_per_step": step_bytes, "decode_tok_s": roof, "gbs": bw["roofline_gbs"]}
-    res["ratios"] = {}
+    res["ratios"] = {"engine_prefill_over_hf": res["engine"]["prefill_ms"]["median"] / res["hf"]["prefill_ms"]["median"]}
     for name, _ in variants:
         e = res[name]["decode_tok_s"]["median"]
         res["ratios"][name + "_over_hf"] = e / res["hf"]["decode_tok_s"]["median"]
@@ -210,6 +220,47 @@ def bench_config(amp: str, batch: int, a, tokenizer, bw: dict, device) -> dict:
     del engines, hf, runs
     gc.collect()
     return res
+
+
+def bench_steps(amp: str, a, device) -> dict:
+    """One forward over each row count of ``a.rows``: decode at batch b (a model per batch size) and the
+    verification of b tokens of one sequence (a batch-1 model with the speculative graph), all at the slot
+    after the prompt, timed alternately by ``helpers.engine.timing.step_seconds`` (notebook 05 uses it too)."""
+    P, N = a.prompt_tokens, a.new_tokens
+
+    def build(batch, spec=0):
+        m = helpers.NeuronModel.from_pretrained(a.model_path, batch_size=batch, n_positions=P + N, amp=amp,
+                                                context_length_estimate=P, device=str(device))
+        if spec:
+            m.enable_speculative_decoder(spec)
+        return m.to_neuron()
+
+    one = build(1, max(a.rows) - 1)
+    cases = {"decode 1": (one, 1)}
+    for r in a.rows[1:]:
+        cases[f"decode {r}"] = (build(r), 1)
+        cases[f"verify {r}"] = (one, r)
+    t = step_seconds(cases, P, max(3, a.repeats))
+    base = t["decode 1"]["median"]
+    res = {"amp": amp, "position": P, "rows": list(a.rows), "steps_s": t,
+           "over_one_row": {label: x["median"] / base for label, x in t.items()}}
+    del cases, one
+    gc.collect()
+    return res
+
+
+def print_steps(r: dict) -> None:
+    print(f"\n== steps by rows, amp={r['amp']}, slot {r['position']} (ms per forward, median [min-max]; ratio to one row) ==")
+    print(f"  {'rows':>5s}{'decode at batch b':>32s}{'verify b tokens (batch 1)':>36s}")
+    for n in r["rows"]:
+        cells = []
+        for kind in ("decode", "verify"):
+            label = f"{kind} {n}"
+            if label in r["steps_s"]:
+                cells.append(f"{fmt(r['steps_s'][label], 1e3)} ({r['over_one_row'][label]:.2f}x)")
+            else:
+                cells.append("(one row: decode 1)")
+        print(f"  {n:5d}{cells[0]:>32s}{cells[1]:>36s}")
 
 
 # the matmul kernels of a decode step (split-k's partial-sum add is counted with the rest)
@@ -293,6 +344,26 @@ def print_config(r: dict) -> None:
               f", HF {r['hf']['decode_tok_s']['median'] * r['batch_size']:.1f}")
 
 
+def step_goal_status(steps: list[dict]) -> dict | None:
+    """STEP_GOAL: decode at batch 8 and the verification of 8 tokens each within 1.5 x the one-row step."""
+    for r in steps:
+        n = STEP_GOAL["rows"]
+        if r["amp"] == STEP_GOAL["amp"] and n in r["rows"]:
+            ratios = {kind: r["over_one_row"][f"{kind} {n}"] for kind in ("decode", "verify")}
+            return {"over_one_row": ratios, "met": max(ratios.values()) <= STEP_GOAL["max_over_one_row"]}
+    return None
+
+
+def prefill_goal_status(results: list[dict]) -> dict | None:
+    """PREFILL_GOAL: the engine's prefill no slower than generate()'s at batch 1 and 8."""
+    got = {r["batch_size"]: r["ratios"]["engine_prefill_over_hf"] for r in results
+           if r["amp"] == PREFILL_GOAL["amp"] and r["batch_size"] in PREFILL_GOAL["batch_sizes"]}
+    if not got:
+        return None
+    return {"engine_over_hf": got, "met": max(got.values()) <= PREFILL_GOAL["max_engine_over_hf"],
+            "complete": set(got) == set(PREFILL_GOAL["batch_sizes"])}
+
+
 def goal_status(results: list[dict]) -> dict | None:
     for r in results:
         if r["amp"] == GOAL["amp"] and r["batch_size"] == GOAL["batch_size"]:
@@ -314,6 +385,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8])
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--rows", nargs="+", type=int, default=[1, 2, 4, 8],
+                   help="row counts of the step table (decode at batch b, verification of b tokens); starts at 1")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--compiled", nargs="?", const=True, default=None, metavar="MODE",
@@ -330,6 +403,9 @@ def main(argv=None) -> int:
         a.bandwidth_mib = min(a.bandwidth_mib, 256)
     if a.new_tokens < 2 or a.prompt_tokens < 1 or a.repeats < 1 or a.warmup < 0:
         p.error("need --new-tokens >= 2, --prompt-tokens >= 1, --repeats >= 1, --warmup >= 0")
+    a.rows = sorted(set(a.rows))
+    if a.rows[0] != 1 or max(a.rows) > a.new_tokens:
+        p.error(f"--rows {a.rows}: must include 1 (the ratios' base) and stay within --new-tokens {a.new_tokens}")
     if a.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda but torch sees no CUDA device")
     if a.threads:
@@ -365,6 +441,10 @@ def main(argv=None) -> int:
                 r = bench_config(amp, batch, a, tokenizer, bw, device)
                 print_config(r)
                 results.append(r)
+        steps = []
+        for amp in a.amp:
+            steps.append(bench_steps(amp, a, device))
+            print_steps(steps[-1])
         if device.type == "cpu":
             tuned = engine_kernels.matmul_tuning.get(torch.get_num_threads()) or {}
             kernels = {case: engine_kernels.matmul_kernel(case) for case in engine_kernels.MATMUL_KERNELS}
@@ -385,11 +465,20 @@ def main(argv=None) -> int:
                 if g["hf_goal_over_roofline"] > 1:
                     print(f"  here {GOAL['engine_over_hf']} x HF is {g['hf_goal_over_roofline']:.2f} x the roofline: no engine "
                           "that reads every weight once per token can reach it on this machine")
+        sg, pg = step_goal_status(steps), prefill_goal_status(results)
+        if sg:
+            print(f"\ngoal ({STEP_GOAL['amp']}, a step over {STEP_GOAL['rows']} rows <= {STEP_GOAL['max_over_one_row']} x one row): "
+                  + ", ".join(f"{k} {v:.2f}x" for k, v in sg["over_one_row"].items()) + f": {'met' if sg['met'] else 'not met'}")
+        if pg:
+            print(f"goal ({PREFILL_GOAL['amp']}, engine prefill <= HF's at batch "
+                  + " and ".join(map(str, PREFILL_GOAL["batch_sizes"])) + "): "
+                  + ", ".join(f"batch {b} {v:.2f}x" for b, v in pg["engine_over_hf"].items())
+                  + f": {'met' if pg['met'] else 'not met'}" + ("" if pg["complete"] else " (not every batch size was run)"))
         print(f"load average {load1[0]:.2f} at the end (a busy machine lowers and spreads every figure)")
     report = {"machine": dict(machine, load_avg_start=load0[0], load_avg_end=load1[0]), "bandwidth": bw,
               "settings": {k: getattr(a, k) for k in ("model_path", "amp", "batch_sizes", "prompt_tokens",
-                                                      "new_tokens", "repeats", "warmup", "compiled")},
-              "results": results, "goal": goal}
+                                                      "new_tokens", "rows", "repeats", "warmup", "compiled")},
+              "results": results, "steps": steps, "goal": goal, "step_goal": sg, "prefill_goal": pg}
     if a.json:
         text = json.dumps(report, indent=2)
         if a.json == "-":

@@ -30,7 +30,8 @@ def report(tmp_path_factory):
 def test_prints_every_figure_and_ratio(report):
     rep, text = report
     for needle in ("memory bandwidth", "engine (eager)", "HF generate()", "roofline", "engine_over_hf",
-                   "engine_over_roofline", "goal (f32, batch 1", "engine's f32 matmul kernels"):
+                   "engine_over_roofline", "goal (f32, batch 1", "engine's f32 matmul kernels", "steps by rows",
+                   "engine_prefill_over_hf", "goal (f32, a step over 8 rows", "goal (f32, engine prefill"):
         assert needle in text
     assert set(rep["machine"]["matmul_kernels"]) == {"one_row", "rows"}
     bw = rep["bandwidth"]
@@ -41,6 +42,28 @@ def test_prints_every_figure_and_ratio(report):
         s = r[side]["decode_tok_s"]
         assert 0 < s["min"] <= s["median"] <= s["max"]
         assert r[side]["prefill_ms"]["median"] > 0
+
+
+@pytest.mark.slow
+def test_step_table_and_prefill_ratio(report):
+    """Steps over 1, 2, 4, 8 rows (decode at batch b, verification of b tokens), each ratio to the one-row step
+    of the same run, and the goals computed from those figures."""
+    rep, text = report
+    (st,) = rep["steps"]
+    assert st["rows"] == [1, 2, 4, 8] and st["position"] == rep["settings"]["prompt_tokens"]
+    labels = {"decode 1"} | {f"{kind} {n}" for n in (2, 4, 8) for kind in ("decode", "verify")}
+    assert set(st["steps_s"]) == labels == set(st["over_one_row"])
+    base = st["steps_s"]["decode 1"]["median"]
+    for label, t in st["steps_s"].items():
+        assert 0 < t["min"] <= t["median"] <= t["max"] and t["n"] == 3
+        assert st["over_one_row"][label] == pytest.approx(t["median"] / base)
+    sg = rep["step_goal"]
+    assert sg["over_one_row"] == {k: st["over_one_row"][f"{k} 8"] for k in ("decode", "verify")}
+    assert sg["met"] == (max(sg["over_one_row"].values()) <= 1.5)
+    (r,) = rep["results"]
+    assert r["ratios"]["engine_prefill_over_hf"] == pytest.approx(r["engine"]["prefill_ms"]["median"] / r["hf"]["prefill_ms"]["median"])
+    assert rep["prefill_goal"]["engine_over_hf"] == {"1": r["ratios"]["engine_prefill_over_hf"]}  # JSON keys
+    assert not rep["prefill_goal"]["complete"] and "(not every batch size was run)" in text
 
 
 @pytest.mark.slow
@@ -75,27 +98,32 @@ def test_column_major_layout_keeps_values_and_shapes():
     assert torch.allclose(torch.nn.functional.linear(x, c), x @ w.t(), atol=1e-5)
 
 
-@pytest.mark.parametrize("kernel", ["split-k", "mkl"])
+@pytest.mark.parametrize("kernel", ["split-k", "stream", "packed", "mkl"])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("rows", [(1, 1), (1, 5), (4, 1), (2, 64)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_cpu_linear_is_f_linear(threads, rows, bias, kernel, monkeypatch):
-    """The engine's f32 CPU linear (either one-row kernel, oneDNN or MKL for several rows) computes
-    F.linear, for every thread count, row count and bias; weights it does not handle (row-major,
-    bf16) go to F.linear itself."""
-    from helpers.engine.kernels import MATMUL_ENV, column_major, cpu_linear
+    """The engine's f32 CPU linear (every one-row kernel; stream, the packed copy, oneDNN or MKL for several
+    rows) computes F.linear, for every thread count, row count and bias; weights it does not handle
+    (row-major, bf16) go to F.linear itself."""
+    from helpers.engine.kernels import MATMUL_ENV, column_major, cpu_linear, kernel_available, pack_weights, packed_weight
 
+    if not kernel_available(kernel):
+        pytest.skip(f"{kernel} is not available here")
     monkeypatch.setenv(MATMUL_ENV["one_row"], kernel)
-    monkeypatch.setenv(MATMUL_ENV["rows"], "onednn" if kernel == "split-k" else "mkl")
+    monkeypatch.setenv(MATMUL_ENV["rows"], "onednn" if kernel == "split-k" else kernel)
     g = torch.Generator().manual_seed(sum(rows) + threads)
-    w = torch.randn(150, 96, generator=g)  # 96 = 2 x 48 = 3 x 32; 150 out columns
-    b = torch.randn(150, generator=g) if bias else None
+    w = torch.randn(160, 96, generator=g)  # 96 = 2 x 48 = 3 x 32; 160 out columns = 10 stream blocks
+    b = torch.randn(160, generator=g) if bias else None
     x = torch.randn(*rows, 96, generator=g)
     want = torch.nn.functional.linear(x, w, b)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        got = cpu_linear(x, column_major(w), b)
+        wc = column_major(w)
+        if kernel in ("stream", "packed"):
+            assert pack_weights([wc], kernel) == 160 * 96 * 4 and packed_weight(wc, kernel) is not None
+        got = cpu_linear(x, wc, b)
         assert got.shape == want.shape and torch.allclose(got, want, atol=1e-4, rtol=1e-4)
         assert torch.equal(cpu_linear(x, w, b), torch.nn.functional.linear(x, w, b))  # same threads
         xb, wb = x.bfloat16(), column_major(w.bfloat16())
@@ -118,15 +146,20 @@ def test_matmul_kernels_are_tuned_once_on_big_weights(monkeypatch):
     try:
         small = [E.column_major(torch.randn(64, 64))]
         assert E.tune_matmuls(small) is None and E.matmul_tuning == {}
-        assert (E.matmul_kernel("one_row"), E.matmul_kernel("rows")) == ("split-k", "onednn")
+        stream = {"stream"} if E.kernel_available("stream") else set()
+        assert (E.matmul_kernel("one_row"), E.matmul_kernel("rows")) == ("split-k", "stream" if stream else "packed")
         big = [E.column_major(torch.randn(4096, 2048)) for _ in range(3)]  # 3 x 32 MiB
+        for kind in E.COPIES:
+            E.pack_weights(big, kind)
         t = E.tune_matmuls(big, repeats=1)
+        assert set(t["one_row"]["ms"]) == {"split-k", "packed", "mkl"} | stream
+        assert set(t["rows"]["ms"]) == {"packed", "onednn", "mkl"} | stream
         assert t["bytes"] == 3 * 4096 * 2048 * 4 and E.tune_matmuls(big) is t  # once per thread count
         for case, kernels in E.MATMUL_KERNELS.items():
             assert t[case]["kernel"] in kernels and set(t[case]["ms"]) <= set(kernels)
             assert E.matmul_kernel(case) == t[case]["kernel"]
         for case, kernels in E.MATMUL_KERNELS.items():
-            for kernel in kernels:
+            for kernel in filter(E.kernel_available, kernels):
                 E.matmul_tuning[2] = dict(t, **{case: {"kernel": kernel}})
                 x = torch.randn(1 if case == "one_row" else 5, 2048)
                 assert torch.allclose(E.cpu_linear(x, big[0]), x @ big[0].t(), atol=1e-3)
@@ -140,12 +173,59 @@ def test_matmul_kernels_are_tuned_once_on_big_weights(monkeypatch):
 
 
 def test_cpu_linear_serves_the_f32_cpu_engine_only():
-    from helpers.engine.kernels import cpu_linear
+    from helpers.engine.kernels import COPIES, copies_wanted, cpu_linear, decode_matrices, packed_weight
 
     m = helpers.NeuronModel(None, batch_size=1, n_positions=128).to_neuron()
     assert m.model.linear is cpu_linear and m.model.w.layers[0].w2.t().is_contiguous()
+    for kind in COPIES:  # a kernel's copies only where a case runs that kernel
+        kept = [packed_weight(t, kind) is not None for t in decode_matrices(m.model.w)]
+        assert all(kept) if kind in copies_wanted() else not any(kept)
     m16 = helpers.NeuronModel(None, batch_size=1, n_positions=128, amp="bf16").to_neuron()
     assert m16.model.linear is torch.nn.functional.linear
+    assert not any(packed_weight(t, kind) is not None for t in decode_matrices(m16.model.w) for kind in COPIES)
+
+
+def test_packed_copies_live_and_die_with_their_weight(monkeypatch):
+    """A blocked copy is found only for the very tensor it was made from (not an equal one, not a view),
+    is dropped by unpack_weights or when the weight is freed, and a missing copy falls back to oneDNN's
+    linear on the weight itself (what a traced graph input gets)."""
+    import gc
+
+    import helpers.engine.kernels as E
+
+    monkeypatch.setenv(E.MATMUL_ENV["rows"], "packed")
+    assert E.pack_weights([E.column_major(torch.randn(50, 32))], "stream") == 0  # 50 columns: no 16-column blocks
+    w = E.column_major(torch.randn(64, 32))
+    twin = w.clone()
+    assert E.pack_weights([w, w]) == 64 * 32 * 4  # once per tensor
+    assert E.packed_weight(w) is not None and E.packed_weight(twin) is None and E.packed_weight(w[:8]) is None
+    x = torch.randn(3, 32)
+    assert torch.allclose(E.cpu_linear(x, w), E.cpu_linear(x, twin), atol=1e-5)  # twin: no copy, oneDNN's linear
+    E.unpack_weights([w])
+    assert E.packed_weight(w) is None
+    E.pack_weights([w])
+    key = id(w)
+    del w
+    gc.collect()
+    assert key not in E._copies["packed"]
+
+
+def test_copies_follow_the_forced_and_timed_kernels(monkeypatch):
+    import helpers.engine.kernels as E
+
+    monkeypatch.setattr(E, "matmul_tuning", {})
+    for env in E.MATMUL_ENV.values():
+        monkeypatch.delenv(env, raising=False)
+    assert E.copies_wanted(2) == {k for k in E.COPIES if E.kernel_available(k)}  # nothing timed: copies to time
+    E.matmul_tuning[2] = {"one_row": {"kernel": "split-k"}, "rows": {"kernel": "onednn"}}
+    assert E.copies_wanted(2) == set()
+    E.matmul_tuning[2]["rows"]["kernel"] = "packed"
+    assert E.copies_wanted(2) == {"packed"}
+    E.matmul_tuning[2]["one_row"]["kernel"] = "stream"
+    assert E.copies_wanted(2) == {"packed", "stream"}
+    monkeypatch.setenv("NEURON_NB_GEMV", "mkl")
+    monkeypatch.setenv("NEURON_NB_GEMM", "onednn")
+    assert E.copies_wanted(3) == set()  # both forced, neither reads a copy
 
 
 @pytest.mark.slow

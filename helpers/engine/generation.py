@@ -51,7 +51,7 @@ def select_kernels(tr: Transformer, quant=None) -> Transformer:
     ``to_neuron()`` and a tensor-parallel rank's build, call it): f32 on CPU with the kernels
     ``helpers.engine.kernels`` times on this model, then int8 storage (``quant``) with its dequantizing linear."""
     if tr.device.type == "cpu" and tr.dtype == torch.float32:
-        use_cpu_kernels(tr)
+        use_cpu_kernels(tr, pack=quant is None)
     if quant is not None:
         quantize_model(tr, quant)
     return tr

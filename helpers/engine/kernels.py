@@ -1,9 +1,11 @@
-"""CPU matmul kernels for f32 decode, chosen per machine by timing them on the model's own weights.
+"""CPU matmul kernels for f32 steps, chosen per machine by timing them on the model's own weights.
 
 A decode step reads every weight once, so on CPU it is bound by memory bandwidth and by how each
-matmul streams its weight. :func:`use_cpu_kernels` (called by the builders, ``to_neuron()`` and a
-tensor-parallel rank's build, for f32 on CPU; ``ci/benchmark.py`` reads the figures) stores the
-weights column-major (:func:`decode_layout`), times the kernels once per process and thread count
+matmul streams its weight; a step over a few rows (batch decode, speculative verification) reads
+the same weights and should cost about as much. :func:`use_cpu_kernels` (called by the builders,
+``to_neuron()`` and a tensor-parallel rank's build, for f32 on CPU; ``ci/benchmark.py`` reads the
+figures) stores the weights column-major (:func:`decode_layout`), keeps a copy of each in oneDNN's
+blocked layout (:func:`pack_weights`), times the kernels once per process and thread count
 (:func:`tune_matmuls`) and makes :func:`cpu_linear` the model's linear. ``$NEURON_NB_GEMV`` /
 ``$NEURON_NB_GEMM`` force a kernel (reproducible figures).
 """
@@ -11,10 +13,12 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 
 import torch
 import torch.nn.functional as F
 
+from . import stream
 from .model import Transformer
 from .weights import RankWeights
 
@@ -41,12 +45,18 @@ def decode_layout(w: RankWeights) -> None:
 
 _MKLDNN_LINEAR = (getattr(torch.ops.mkldnn, "_linear_pointwise", None)
                   if torch.backends.mkldnn.is_available() else None)
+_MKLDNN_REORDER = (getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
+                   if _MKLDNN_LINEAR is not None else None)
 
-MATMUL_KERNELS = {"one_row": ("split-k", "mkl"), "rows": ("onednn", "mkl")}
+# The first available kernel of each case is the default where nothing was timed (weights below MATMUL_TUNE_MIN_BYTES).
+MATMUL_KERNELS = {"one_row": ("split-k", "stream", "packed", "mkl"), "rows": ("stream", "packed", "onednn", "mkl")}
 MATMUL_ENV = {"one_row": "NEURON_NB_GEMV", "rows": "NEURON_NB_GEMM"}  # force a kernel (reproducible figures)
 MATMUL_TUNE_MIN_BYTES = 32 << 20  # weights that fit in cache say nothing about DRAM-bound decode
 MATMUL_TUNE_ROWS = 8  # several rows: speculative verification (k + 1), batch 8
+PACK_ROWS = 16  # oneDNN's batch-size hint for the blocked layout: 16 to 1024 gave the same speed for 1 to 1024 rows
+COPIES = ("stream", "packed")  # kernels that read their own copy of each weight (built by pack_weights)
 matmul_tuning: dict[int, dict] = {}  # threads -> {case: {"kernel", "ms": {kernel: ms per pass}}, "bytes", "n_rows"}
+_copies: dict[str, dict[int, tuple[weakref.ref, torch.Tensor]]] = {k: {} for k in COPIES}  # id(weight) -> (weight, copy)
 
 
 def split_k_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, n: int) -> torch.Tensor:
@@ -64,17 +74,74 @@ def onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = Non
     return _MKLDNN_LINEAR(x, w, b, "none", [None], "")
 
 
+packed_linear = onednn_linear  # the same op on oneDNN's blocked copy
+
+
+# -- the kernels' own copies of the weights ---------------------------------------------------------
+def kernel_available(kernel: str) -> bool:
+    if kernel == "stream":
+        return stream.load() is not None
+    if kernel == "packed":
+        return _MKLDNN_REORDER is not None
+    if kernel == "onednn":
+        return _MKLDNN_LINEAR is not None
+    return True
+
+
+def pack_weights(weights: list[torch.Tensor], kind: str = "packed") -> int:
+    """Keep a copy of each f32 CPU weight in the layout kernel ``kind`` reads: "packed", oneDNN's blocked layout
+    (``mkldnn._reorder_linear_weight``, what Inductor's CPU freezing does to linear weights); "stream", blocks of
+    16 output columns (``helpers.engine.stream``). Either streams the weight in the order its micro-kernel
+    consumes it, with no packing per call. A copy lives as long as its weight (nothing mutates weights in place
+    after the build) and costs as many bytes again. Returns the bytes copied (0 where the kernel is unavailable)."""
+    if not kernel_available(kind):
+        return 0
+    added, table = 0, _copies[kind]
+    for t in weights:
+        if t.dim() == 2 and t.dtype == torch.float32 and t.device.type == "cpu" and packed_weight(t, kind) is None:
+            copy = _MKLDNN_REORDER(t, PACK_ROWS) if kind == "packed" else stream.stream_layout(t)
+            if copy is None:  # "stream": out not a multiple of 16; cpu_linear falls back for this weight
+                continue
+            key = id(t)
+            table[key] = (weakref.ref(t, lambda _, key=key, table=table: table.pop(key, None)), copy)
+            added += t.numel() * t.element_size()
+    return added
+
+
+def unpack_weights(weights: list[torch.Tensor], kind: str = "packed") -> None:
+    """Drop the ``kind`` copies of ``weights`` (when no case runs that kernel)."""
+    for t in weights:
+        if packed_weight(t, kind) is not None:
+            del _copies[kind][id(t)]
+
+
+def packed_weight(w: torch.Tensor, kind: str = "packed") -> torch.Tensor | None:
+    """The ``kind`` copy of ``w`` kept by :func:`pack_weights`, or None (never packed, or a traced stand-in)."""
+    entry = _copies[kind].get(id(w))
+    return entry[1] if entry is not None and entry[0]() is w else None
+
+
+def copies_wanted(threads: int | None = None) -> set[str]:
+    """The copies a model built now needs: of every available kernel while nothing is timed (tuning times them),
+    else of the kernels forced or timed fastest for some case."""
+    n = torch.get_num_threads() if threads is None else threads
+    if n not in matmul_tuning and not all(os.environ.get(e) for e in MATMUL_ENV.values()):
+        return {k for k in COPIES if kernel_available(k)}
+    return {matmul_kernel(case, n) for case in MATMUL_KERNELS} & set(COPIES)
+
+
 def matmul_kernel(case: str, threads: int | None = None) -> str:
     """The kernel :func:`cpu_linear` uses for ``case`` ("one_row" or "rows") at this thread count:
-    ``$NEURON_NB_GEMV`` / ``$NEURON_NB_GEMM`` if set, else what :func:`tune_matmuls` measured, else
-    split-k / oneDNN."""
+    ``$NEURON_NB_GEMV`` / ``$NEURON_NB_GEMM`` if set, else what :func:`tune_matmuls` measured, else the
+    first available of ``MATMUL_KERNELS[case]``."""
     forced = os.environ.get(MATMUL_ENV[case])
     if forced:
         if forced not in MATMUL_KERNELS[case]:
             raise ValueError(f"{MATMUL_ENV[case]}={forced!r}: use one of {MATMUL_KERNELS[case]} or unset it")
         return forced
     n = torch.get_num_threads() if threads is None else threads
-    return matmul_tuning.get(n, {}).get(case, {}).get("kernel", MATMUL_KERNELS[case][0])
+    tuned = matmul_tuning.get(n, {}).get(case, {}).get("kernel")
+    return tuned or next(k for k in MATMUL_KERNELS[case] if kernel_available(k))
 
 
 def decode_matrices(w: RankWeights) -> list[torch.Tensor]:
@@ -99,12 +166,14 @@ def matmul_pass_seconds(linear, weights: list[torch.Tensor], xs: dict, repeats: 
 def tune_matmuls(weights: list[torch.Tensor], repeats: int = 3) -> dict | None:
     """Choose :func:`cpu_linear`'s kernels once per process and thread count by timing them on the
     model's own column-major weights (one pass over all of them per try, best of ``repeats``), for one
-    row and for MATMUL_TUNE_ROWS rows. The winners depend on the CPU (all 30 SmolLM2 layers + LM head):
+    row and for MATMUL_TUNE_ROWS rows; "stream" and "packed" are candidates when the weights have their
+    copies (:func:`pack_weights`). The winners depend on the CPU (all 30 SmolLM2 layers + LM head, 538 MB):
 
-    - 2-core AMD EPYC, MKL's GEMV streams 12-20 GB/s: split-k 23 ms per pass against MKL's 32 ms;
-      oneDNN ~2x MKL for 5-8 rows (30/45 ms against 65/86 ms).
-    - 2-core Intel Xeon (Sapphire Rapids): MKL ahead in both: 19.1 against split-k 20.9 ms;
-      34 against oneDNN 40 ms at 8 rows, 46 against 71 ms at 32.
+    - 2-core AMD EPYC (Zen 3), 20-23 GB/s, medians of one run: one row, stream 30.6 ms, split-k 31.0,
+      packed 40.9, MKL's GEMV 36-44; 8 rows, stream 39.4, packed 60.5, oneDNN on the column-major
+      weights 54-72, MKL 83-113 (it packs the weight on every call).
+    - 2-core Intel Xeon (Sapphire Rapids), before stream and packed existed: MKL ahead in both, 19.1
+      against split-k 20.9 ms; 34 against oneDNN 40 ms at 8 rows.
 
     Only speed differs: every kernel computes F.linear (within f32 rounding). Skipped below
     MATMUL_TUNE_MIN_BYTES or when both kernels are forced."""
@@ -118,6 +187,12 @@ def tune_matmuls(weights: list[torch.Tensor], repeats: int = 3) -> dict | None:
         candidates["one_row"]["split-k"] = lambda x, t: split_k_linear(x, t, None, n)
     if _MKLDNN_LINEAR is not None:
         candidates["rows"]["onednn"] = onednn_linear
+    if all(packed_weight(t, "stream") is not None for t in weights):
+        for case in candidates:  # the lookups are timed too: cpu_linear pays them on every call
+            candidates[case]["stream"] = lambda x, t: stream.stream_linear(x, packed_weight(t, "stream"))
+    if all(packed_weight(t) is not None for t in weights):
+        for case in candidates:
+            candidates[case]["packed"] = lambda x, t: packed_linear(x, packed_weight(t))
     out = {"bytes": size, "n_rows": MATMUL_TUNE_ROWS}
     with torch.inference_mode():
         for case, rows in (("one_row", 1), ("rows", MATMUL_TUNE_ROWS)):
@@ -135,29 +210,60 @@ def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) 
     """``F.linear`` for f32 weights stored column-major on CPU (:func:`decode_layout`), by the kernel
     :func:`tune_matmuls` measured fastest on this machine (``ci/benchmark.py`` prints the figures):
 
-    - one row (batch-1 decode): split-k (:func:`split_k_linear`) or MKL's GEMV (``F.linear``);
-    - several rows (speculative verification, batch > 1, prefill): oneDNN's linear
-      (``mkldnn._linear_pointwise``, what torch.compile's CPU backend emits) or MKL's GEMM.
+    - one row (batch-1 decode): split-k (:func:`split_k_linear`), "stream" (``helpers.engine.stream``),
+      oneDNN on its blocked copy ("packed", :func:`pack_weights`) or MKL's GEMV (``F.linear``);
+    - 2 to ``stream.MAX_ROWS`` rows (speculative verification, batch > 1): "stream", "packed", oneDNN's
+      linear on the column-major weight (``mkldnn._linear_pointwise``, what torch.compile's CPU backend
+      emits) or MKL's GEMM;
+    - more rows (prefill): the kernel of the rows case, except "stream", whose place MKL's GEMM takes
+      (it reaches the arithmetic peak there).
 
-    Any other weight (row-major, bf16, int8 storage) goes to ``F.linear``.
+    A weight without the chosen kernel's copy (e.g. a graph input while ``torch.export`` traces) takes
+    oneDNN's linear for several rows and ``F.linear`` for one. Any other weight (row-major, bf16, int8
+    storage) goes to ``F.linear``.
     """
     if w.stride(0) != 1 or w.dtype != torch.float32 or w.dim() != 2:
         return F.linear(x, w, b)
     k = x.shape[-1]
     if x.numel() == k:  # (cheap checks only: this runs ~120 times per token)
         n = torch.get_num_threads()
-        if n > 1 and k % n == 0 and matmul_kernel("one_row", n) == "split-k":
+        kernel = matmul_kernel("one_row", n)
+        if kernel == "split-k" and n > 1 and k % n == 0:
             return split_k_linear(x, w, b, n)
-        return F.linear(x, w, b)
-    if _MKLDNN_LINEAR is not None and matmul_kernel("rows") == "onednn":
+        p = packed_weight(w, kernel) if kernel in COPIES else None
+        if p is None:
+            return F.linear(x, w, b)
+        return stream.stream_linear(x, p, b) if kernel == "stream" else packed_linear(x, p, b)
+    kernel = matmul_kernel("rows")
+    if kernel == "stream":
+        p = packed_weight(w, "stream") if x.numel() <= stream.MAX_ROWS * k else None
+        if p is not None:
+            return stream.stream_linear(x, p, b)
+        kernel = "mkl" if x.numel() > stream.MAX_ROWS * k else "onednn"
+    if kernel == "packed":
+        p = packed_weight(w)
+        if p is not None:
+            return packed_linear(x, p, b)
+        kernel = "onednn"
+    if _MKLDNN_LINEAR is not None and kernel == "onednn":
         return onednn_linear(x, w, b)
     return F.linear(x, w, b)
 
 
-def use_cpu_kernels(tr: Transformer) -> Transformer:
-    """Run ``tr``'s f32 matmuls on CPU with :func:`cpu_linear`: weights column-major, kernels timed on them
-    (once per process and thread count). Only speed changes: every kernel computes ``F.linear``."""
+def use_cpu_kernels(tr: Transformer, pack: bool = True) -> Transformer:
+    """Run ``tr``'s f32 matmuls on CPU with :func:`cpu_linear`: weights column-major with the copies the
+    "stream" and "packed" kernels read, kernels timed on them (once per process and thread count), and the
+    copies no case chose dropped again. Only speed changes: every kernel computes ``F.linear``.
+    ``pack=False``: the layout only (int8 storage replaces the projections and the linear next, so nothing
+    is timed)."""
     decode_layout(tr.w)
     tr.linear = cpu_linear
-    tune_matmuls(decode_matrices(tr.w))
+    if not pack:
+        return tr
+    mats = decode_matrices(tr.w)
+    for kind in copies_wanted():
+        pack_weights(mats, kind)
+    tune_matmuls(mats)
+    for kind in set(COPIES) - copies_wanted():
+        unpack_weights(mats, kind)
     return tr

@@ -347,20 +347,6 @@ def window_counts(sample_fn, n: int, prompt_len: int, width: int = 2, seed0: int
     return counts
 
 
-def step_cost(model, k: int, repeats: int = 5, prompt_len: int = 16) -> float:
-    """Median seconds of one ``k``-token forward (k=1: a decode step) at position ``prompt_len``."""
-    ids = torch.randint(10, 1000, (model.batch_size, k), generator=torch.Generator().manual_seed(0)).to(model.device)
-    start = torch.zeros(model.batch_size, dtype=torch.long, device=model.device)
-    kind = "token" if k == 1 else "speculative"
-    times = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        model._step(ids, start, prompt_len, kind)
-        model._sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:])
-
-
 def sweep_k(build_target, draft_factory, ks, input_ids, sequence_length: int, eos_token_id=None,
             repeats: int = 1) -> list[dict]:
     """Greedy speculation for each k against the plain decode of the same engine: tokens/s, the
@@ -399,8 +385,7 @@ def sweep_k(build_target, draft_factory, ks, input_ids, sequence_length: int, eo
                      "spec_tokens_per_s": n_new / statistics.median(spec_s),
                      "plain_tokens_per_s": n_new / statistics.median(plain_s),
                      "speedup": statistics.median(plain_s) / statistics.median(spec_s),
-                     "speedup_range": (min(ratios), max(ratios)), "repeats": repeats,
-                     "verify_cost_ratio": step_cost(target, k + 1) / step_cost(target, 1)})
+                     "speedup_range": (min(ratios), max(ratios)), "repeats": repeats})
     return rows
 
 

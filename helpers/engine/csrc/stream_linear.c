@@ -1,0 +1,58 @@
+/* y[r, n] = sum_k x[r, k] * W[n, k] for a few rows r, W stored in blocks of 16 output columns:
+ * wp[n / 16][k][16] (helpers.engine.stream.stream_layout). Each block is read from memory once for all rows
+ * (up to four rows per pass over a block, which then stays in L1/L2), with a software prefetch 4 KB ahead so
+ * that reading the next block overlaps the arithmetic on this one: a step over 8 rows then costs little more
+ * than a step over one. Threads split the blocks (OpenMP: the runtime torch has loaded). Built at run time
+ * by helpers/engine/stream.py with the system C compiler; without one, or without AVX2 + FMA, the engine
+ * uses its other kernels. */
+#include <immintrin.h>
+#include <stdint.h>
+
+#define PREFETCH_FLOATS 1024
+
+int stream_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+/* ROWS rows (a compile-time constant, so the accumulators stay in registers) times one 16-column block. */
+__attribute__((target("avx2,fma"), always_inline))
+static inline void rows_block(const int ROWS, const float* x, int k_dim, const float* wb, float* y, int n_dim) {
+    __m256 a[4][2];
+    for (int r = 0; r < ROWS; r++)
+        a[r][0] = a[r][1] = _mm256_setzero_ps();
+    for (int k = 0; k < k_dim; k++) {
+        const float* w = wb + (int64_t)k * 16;
+        _mm_prefetch((const char*)(w + PREFETCH_FLOATS), _MM_HINT_T0);
+        __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+        for (int r = 0; r < ROWS; r++) {
+            __m256 b = _mm256_broadcast_ss(x + (int64_t)r * k_dim + k);
+            a[r][0] = _mm256_fmadd_ps(b, w0, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(b, w1, a[r][1]);
+        }
+    }
+    for (int r = 0; r < ROWS; r++) {
+        _mm256_storeu_ps(y + (int64_t)r * n_dim, a[r][0]);
+        _mm256_storeu_ps(y + (int64_t)r * n_dim + 8, a[r][1]);
+    }
+}
+
+__attribute__((target("avx2,fma")))
+static void block(const float* x, int rows, int k_dim, const float* wb, float* y, int n_dim) {
+    int r = 0;
+    for (; r + 4 <= rows; r += 4)
+        rows_block(4, x + (int64_t)r * k_dim, k_dim, wb, y + (int64_t)r * n_dim, n_dim);
+    switch (rows - r) {
+        case 3: rows_block(3, x + (int64_t)r * k_dim, k_dim, wb, y + (int64_t)r * n_dim, n_dim); break;
+        case 2: rows_block(2, x + (int64_t)r * k_dim, k_dim, wb, y + (int64_t)r * n_dim, n_dim); break;
+        case 1: rows_block(1, x + (int64_t)r * k_dim, k_dim, wb, y + (int64_t)r * n_dim, n_dim); break;
+    }
+}
+
+/* x [rows, k_dim] and y [rows, n_dim] contiguous; n_dim a multiple of 16. */
+void stream_linear(const float* x, int rows, int k_dim, const float* wp, int n_dim, float* y, int threads) {
+    int blocks = n_dim / 16;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int b = 0; b < blocks; b++)
+        block(x, rows, k_dim, wp + (int64_t)b * k_dim * 16, y + b * 16, n_dim);
+}

@@ -1,0 +1,67 @@
+"""The "stream" kernel (helpers.engine.stream): it computes F.linear for any row count, thread count, bias and
+input shape; it is built once into the cache; where it cannot be built, it says why and the engine's kernel
+choice leaves it out."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers.engine import kernels as E
+from helpers.engine import stream
+
+needs_stream = pytest.mark.skipif(stream.load() is None, reason=f"stream kernel unavailable: {stream.unavailable_reason()}")
+
+
+@needs_stream
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 16, 33])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_stream_linear_is_f_linear(rows, threads):
+    g = torch.Generator().manual_seed(rows * 10 + threads)
+    w = torch.randn(80, 96, generator=g)  # 5 blocks of 16 output columns (not a multiple of the threads)
+    b = torch.randn(80, generator=g)
+    x = torch.randn(rows, 96, generator=g)
+    wp = stream.stream_layout(E.column_major(w))
+    assert wp.shape == (5, 96, 16) and wp.is_contiguous()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert torch.allclose(stream.stream_linear(x, wp), F.linear(x, w), atol=1e-4, rtol=1e-4)
+        assert torch.allclose(stream.stream_linear(x, wp, b), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+        x3 = x.reshape(1, rows, 96).transpose(0, 1)  # [rows, 1, 96], non-contiguous
+        assert torch.allclose(stream.stream_linear(x3, wp), F.linear(x3, w), atol=1e-4, rtol=1e-4)
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_stream
+def test_stream_layout_needs_whole_blocks_and_refuses_a_mismatch():
+    assert stream.stream_layout(torch.randn(50, 32)) is None
+    wp = stream.stream_layout(torch.randn(32, 24))
+    with pytest.raises(ValueError, match="stream_linear: x"):
+        stream.stream_linear(torch.randn(2, 32), wp)
+    with pytest.raises(ValueError, match="stream_linear: x"):
+        stream.stream_linear(torch.randn(2, 24, dtype=torch.float64), wp)
+
+
+@needs_stream
+def test_built_once_into_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(stream, "_state", {})
+    assert stream.load() is not None and stream.unavailable_reason() is None
+    (built,) = (tmp_path / "neuron-inference-notebooks").glob("stream_linear-*.so")
+    stamp = built.stat().st_mtime_ns
+    monkeypatch.setattr(stream, "_state", {})
+    assert stream.load() is not None and built.stat().st_mtime_ns == stamp  # reused, not rebuilt
+
+
+def test_without_a_compiler_it_says_why_and_is_left_out(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", "no-such-cc")
+    monkeypatch.setattr(stream, "_state", {})
+    for env in E.MATMUL_ENV.values():
+        monkeypatch.delenv(env, raising=False)
+    monkeypatch.setattr(E, "matmul_tuning", {})
+    assert stream.load() is None and "no-such-cc" in stream.unavailable_reason()
+    assert not E.kernel_available("stream") and "stream" not in E.copies_wanted()
+    assert E.matmul_kernel("rows") != "stream" and E.matmul_kernel("one_row") != "stream"
+    w = E.column_major(torch.randn(32, 16))
+    assert E.pack_weights([w], "stream") == 0 and E.packed_weight(w, "stream") is None
