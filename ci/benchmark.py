@@ -47,6 +47,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import helpers  # noqa: E402
 from helpers.engine import kernels as engine_kernels  # noqa: E402
+from helpers.engine import stream as engine_stream  # noqa: E402
 from helpers.engine.timing import step_seconds  # noqa: E402
 from helpers.planning.dtypes import amp_dtype  # noqa: E402
 
@@ -454,7 +455,11 @@ def main(argv=None) -> int:
                 ms = tuned.get(case, {}).get("ms")
                 how = ", ".join(f"{k} {v:.1f}" for k, v in ms.items()) if ms else f"${engine_kernels.MATMUL_ENV[case]} or the default"
                 print(f"  {label:8s} {kernel:8s} ({how})")
+            why = engine_stream.unavailable_reason()
+            print("  stream kernel: " + (f"unavailable here ({why}), not timed" if why else
+                                         f"built with the system C compiler into {engine_stream.cache_dir()}"))
             machine["matmul_kernels"], machine["matmul_tuning"] = kernels, tuned or None
+            machine["stream_kernel_unavailable"] = why
         load1 = os.getloadavg()
         goal = goal_status(results)
         if goal:

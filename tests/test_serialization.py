@@ -32,6 +32,17 @@ def _export_model(**nc):
     return helpers.NeuronModel.from_pretrained(None, neuron_config=NeuronConfig(compiled="export", **nc), **KW)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def library_kernels():
+    """Exported graphs trace ATen ops; the eager engine's default "stream" kernel is not one. With the kernels the
+    graphs traced forced on the eager side too (one row MKL, several rows oneDNN), graphs and eager engine run the
+    same ops and must agree bit for bit (and the LM head, eager in both, runs the same kernel)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NEURON_NB_GEMV", "mkl")
+        mp.setenv("NEURON_NB_GEMM", "onednn")
+        yield
+
+
 @pytest.fixture(scope="module")
 def eager():
     return _sample(helpers.NeuronModel.from_pretrained(None, **KW).to_neuron())
@@ -59,6 +70,16 @@ def test_one_graph_set_per_bucket_with_build_times(saved):
 def test_exported_graphs_are_bitwise_the_eager_engine(saved, eager):
     out, logits = saved[2]
     assert torch.equal(out, eager[0]) and torch.equal(logits, eager[1])
+
+
+def test_exported_graphs_agree_with_the_default_eager_engine(monkeypatch):
+    """With the default kernels (the eager engine's "stream" is no ATen op, so the graphs trace MKL / oneDNN in its
+    place): the same tokens, logits within f32 rounding."""
+    for env in ("NEURON_NB_GEMV", "NEURON_NB_GEMM"):
+        monkeypatch.delenv(env)
+    out, logits = _sample(_export_model().to_neuron())
+    ref_out, ref_logits = _sample(helpers.NeuronModel.from_pretrained(None, **KW).to_neuron())
+    assert torch.equal(out, ref_out) and torch.allclose(logits, ref_logits, atol=1e-3, rtol=0)
 
 
 def test_load_skips_compilation_and_gives_identical_outputs(saved, monkeypatch):

@@ -212,11 +212,9 @@ def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) 
 
     - one row (batch-1 decode): split-k (:func:`split_k_linear`), "stream" (``helpers.engine.stream``),
       oneDNN on its blocked copy ("packed", :func:`pack_weights`) or MKL's GEMV (``F.linear``);
-    - 2 to ``stream.MAX_ROWS`` rows (speculative verification, batch > 1): "stream", "packed", oneDNN's
-      linear on the column-major weight (``mkldnn._linear_pointwise``, what torch.compile's CPU backend
-      emits) or MKL's GEMM;
-    - more rows (prefill): the kernel of the rows case, except "stream", whose place MKL's GEMM takes
-      (it reaches the arithmetic peak there).
+    - several rows (speculative verification, batch > 1, prefill): "stream", "packed", oneDNN's linear on
+      the column-major weight (``mkldnn._linear_pointwise``, what torch.compile's CPU backend emits) or
+      MKL's GEMM.
 
     A weight without the chosen kernel's copy (e.g. a graph input while ``torch.export`` traces) takes
     oneDNN's linear for several rows and ``F.linear`` for one. Any other weight (row-major, bf16, int8
@@ -235,15 +233,10 @@ def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) 
             return F.linear(x, w, b)
         return stream.stream_linear(x, p, b) if kernel == "stream" else packed_linear(x, p, b)
     kernel = matmul_kernel("rows")
-    if kernel == "stream":
-        p = packed_weight(w, "stream") if x.numel() <= stream.MAX_ROWS * k else None
+    if kernel in COPIES:
+        p = packed_weight(w, kernel)
         if p is not None:
-            return stream.stream_linear(x, p, b)
-        kernel = "mkl" if x.numel() > stream.MAX_ROWS * k else "onednn"
-    if kernel == "packed":
-        p = packed_weight(w)
-        if p is not None:
-            return packed_linear(x, p, b)
+            return stream.stream_linear(x, p, b) if kernel == "stream" else packed_linear(x, p, b)
         kernel = "onednn"
     if _MKLDNN_LINEAR is not None and kernel == "onednn":
         return onednn_linear(x, w, b)

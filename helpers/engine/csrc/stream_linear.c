@@ -1,6 +1,6 @@
 /* y[r, n] = sum_k x[r, k] * W[n, k] for a few rows r, W stored in blocks of 16 output columns:
  * wp[n / 16][k][16] (helpers.engine.stream.stream_layout). Each block is read from memory once for all rows
- * (up to four rows per pass over a block, which then stays in L1/L2), with a software prefetch 4 KB ahead so
+ * (up to six rows per pass over a block, which then stays in L1/L2), with a software prefetch 4 KB ahead so
  * that reading the next block overlaps the arithmetic on this one: a step over 8 rows then costs little more
  * than a step over one. Threads split the blocks (OpenMP: the runtime torch has loaded). Built at run time
  * by helpers/engine/stream.py with the system C compiler; without one, or without AVX2 + FMA, the engine
@@ -15,10 +15,10 @@ int stream_supported(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
-/* ROWS rows (a compile-time constant, so the accumulators stay in registers) times one 16-column block. */
+/* ROWS rows (a compile-time constant, so the 2 x ROWS accumulators stay in registers) times one 16-column block. */
 __attribute__((target("avx2,fma"), always_inline))
 static inline void rows_block(const int ROWS, const float* x, int k_dim, const float* wb, float* y, int n_dim) {
-    __m256 a[4][2];
+    __m256 a[6][2];
     for (int r = 0; r < ROWS; r++)
         a[r][0] = a[r][1] = _mm256_setzero_ps();
     for (int k = 0; k < k_dim; k++) {
@@ -40,9 +40,11 @@ static inline void rows_block(const int ROWS, const float* x, int k_dim, const f
 __attribute__((target("avx2,fma")))
 static void block(const float* x, int rows, int k_dim, const float* wb, float* y, int n_dim) {
     int r = 0;
-    for (; r + 4 <= rows; r += 4)
-        rows_block(4, x + (int64_t)r * k_dim, k_dim, wb, y + (int64_t)r * n_dim, n_dim);
+    for (; r + 6 <= rows; r += 6)
+        rows_block(6, x + (int64_t)r * k_dim, k_dim, wb, y + (int64_t)r * n_dim, n_dim);
     switch (rows - r) {
+        case 5: rows_block(5, x + (int64_t)r * k_dim, k_dim, wb, y + (int64_t)r * n_dim, n_dim); break;
+        case 4: rows_block(4, x + (int64_t)r * k_dim, k_dim, wb, y + (int64_t)r * n_dim, n_dim); break;
         case 3: rows_block(3, x + (int64_t)r * k_dim, k_dim, wb, y + (int64_t)r * n_dim, n_dim); break;
         case 2: rows_block(2, x + (int64_t)r * k_dim, k_dim, wb, y + (int64_t)r * n_dim, n_dim); break;
         case 1: rows_block(1, x + (int64_t)r * k_dim, k_dim, wb, y + (int64_t)r * n_dim, n_dim); break;
