@@ -264,28 +264,39 @@ def print_steps(r: dict) -> None:
         print(f"  {n:5d}{cells[0]:>32s}{cells[1]:>36s}")
 
 
-# the matmul kernels of a decode step (split-k's partial-sum add is counted with the rest)
-MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise")
+LINEAR_EVENT = "engine::linear"  # every call of the engine's linear, whatever kernel runs it (the profile labels them)
 
 
 def profile_engine(m, ids, P: int, N: int, rows: int = 12) -> dict:
     """N - 1 decode steps (public ``forward`` with ``cache_ids``) under torch.profiler, after an
-    unprofiled prefill: top ops by self time, and the bandwidth the matmuls reach."""
-    from torch.profiler import ProfilerActivity, profile
+    unprofiled prefill: top ops by self time, and the bandwidth the matmuls reach. Each call of the
+    engine's linear is labelled (the "stream" kernel is no ATen op, so the profiler would not see it)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     steps = N - 1
-    with torch.inference_mode():
-        tok = m.forward(ids).argmax(-1, keepdim=True)
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            t = time.perf_counter()
-            for pos in range(P, P + steps):
-                tok = m.forward(tok, cache_ids=torch.tensor([pos])).argmax(-1, keepdim=True)
-            wall = time.perf_counter() - t
+    tr = m._require_built()
+    linear = tr.linear
+
+    def labelled(x, w, b=None):
+        with record_function(LINEAR_EVENT):
+            return linear(x, w, b)
+
+    tr.linear = labelled
+    try:
+        with torch.inference_mode():
+            tok = m.forward(ids).argmax(-1, keepdim=True)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                t = time.perf_counter()
+                for pos in range(P, P + steps):
+                    tok = m.forward(tok, cache_ids=torch.tensor([pos])).argmax(-1, keepdim=True)
+                wall = time.perf_counter() - t
+    finally:
+        tr.linear = linear
     ev = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in ev)
     print(ev.table(sort_by="self_cpu_time_total", row_limit=rows))
     top = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:rows]
-    mm = sum(e.self_cpu_time_total for e in ev if e.key in MATMUL_OPS) * 1e-6
+    mm = sum(e.cpu_time_total for e in ev if e.key == LINEAR_EVENT) * 1e-6
     return {"self_cpu_share": {e.key: e.self_cpu_time_total / total for e in top},
             "steps": steps, "ms_per_step_profiled": wall / steps * 1e3, "matmul_ms_per_step": mm / steps * 1e3,
             "matmul_share": mm / (total * 1e-6), "matmul_gbs": streamed_bytes(m) * steps / mm / 1e9}

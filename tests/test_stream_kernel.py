@@ -65,3 +65,6 @@ def test_without_a_compiler_it_says_why_and_is_left_out(tmp_path, monkeypatch):
     assert E.matmul_kernel("rows") != "stream" and E.matmul_kernel("one_row") != "stream"
     w = E.column_major(torch.randn(32, 16))
     assert E.pack_weights([w], "stream") == 0 and E.packed_weight(w, "stream") is None
+    monkeypatch.setenv("NEURON_NB_GEMM", "stream")
+    with pytest.raises(ValueError, match="NEURON_NB_GEMM='stream': that kernel is unavailable here .*no-such-cc"):
+        E.matmul_kernel("rows")

@@ -4,9 +4,10 @@ A decode step reads every weight once, so on CPU it is bound by memory bandwidth
 matmul streams its weight; a step over a few rows (batch decode, speculative verification) reads
 the same weights and should cost about as much. :func:`use_cpu_kernels` (called by the builders,
 ``to_neuron()`` and a tensor-parallel rank's build, for f32 on CPU; ``ci/benchmark.py`` reads the
-figures) stores the weights column-major (:func:`decode_layout`), keeps a copy of each in oneDNN's
-blocked layout (:func:`pack_weights`), times the kernels once per process and thread count
-(:func:`tune_matmuls`) and makes :func:`cpu_linear` the model's linear. ``$NEURON_NB_GEMV`` /
+figures) stores the weights column-major (:func:`decode_layout`), keeps the copies that the "stream"
+kernel (``helpers.engine.stream``: a few rows at the cost of one) and oneDNN's blocked layout read
+(:func:`pack_weights`), times the kernels once per process and thread count (:func:`tune_matmuls`), drops
+the copies no case chose and makes :func:`cpu_linear` the model's linear. ``$NEURON_NB_GEMV`` /
 ``$NEURON_NB_GEMM`` force a kernel (reproducible figures).
 """
 from __future__ import annotations
@@ -138,6 +139,10 @@ def matmul_kernel(case: str, threads: int | None = None) -> str:
     if forced:
         if forced not in MATMUL_KERNELS[case]:
             raise ValueError(f"{MATMUL_ENV[case]}={forced!r}: use one of {MATMUL_KERNELS[case]} or unset it")
+        if not kernel_available(forced):
+            why = stream.unavailable_reason() if forced == "stream" else "this torch build has no oneDNN"
+            raise ValueError(f"{MATMUL_ENV[case]}={forced!r}: that kernel is unavailable here ({why}); "
+                             "force another or unset it")
         return forced
     n = torch.get_num_threads() if threads is None else threads
     tuned = matmul_tuning.get(n, {}).get(case, {}).get("kernel")
