@@ -1,6 +1,10 @@
 """The "stream" kernel (helpers.engine.stream): it computes F.linear for any row count, thread count, bias and
 input shape; it is built once into the cache; where it cannot be built, it says why and the engine's kernel
 choice leaves it out."""
+import os
+import platform
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -68,3 +72,14 @@ def test_without_a_compiler_it_says_why_and_is_left_out(tmp_path, monkeypatch):
     monkeypatch.setenv("NEURON_NB_GEMM", "stream")
     with pytest.raises(ValueError, match="NEURON_NB_GEMM='stream': that kernel is unavailable here .*no-such-cc"):
         E.matmul_kernel("rows")
+
+
+def test_a_library_that_does_not_load_is_reported_not_raised(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(stream, "_state", {})
+    bad = stream.library_path(os.environ.get("CC") or "cc")  # e.g. a cache shared with another machine
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"not a shared library")
+    if shutil.which(os.environ.get("CC") or "cc") is None or platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("no compiler or not x86-64: the library is never loaded here")
+    assert stream.load() is None and "could not load" in stream.unavailable_reason()

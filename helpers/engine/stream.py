@@ -46,6 +46,12 @@ def unavailable_reason() -> str | None:
     return _state["why"]
 
 
+def library_path(cc: str) -> Path:
+    """Where the library built from this source with ``cc`` on this kind of machine is cached."""
+    key = " ".join([platform.machine().lower(), cc, *CFLAGS]).encode()
+    return cache_dir() / f"stream_linear-{hashlib.sha256(SOURCE.read_bytes() + key).hexdigest()[:16]}.so"
+
+
 def _build_and_load() -> tuple[ctypes.CDLL | None, str | None]:
     machine = platform.machine().lower()
     if machine not in ("x86_64", "amd64"):
@@ -53,8 +59,7 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, str | None]:
     cc = os.environ.get("CC") or "cc"
     if shutil.which(cc) is None:
         return None, f"no C compiler ({cc!r} not found; set $CC)"
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *CFLAGS]).encode()).hexdigest()[:16]
-    lib_path = cache_dir() / f"stream_linear-{key}.so"
+    lib_path = library_path(cc)
     if not lib_path.exists():
         try:
             lib_path.parent.mkdir(parents=True, exist_ok=True)
@@ -66,7 +71,10 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, str | None]:
                 os.replace(built, lib_path)
         except OSError as e:
             return None, f"could not build into {lib_path.parent}: {e}"
-    lib = ctypes.CDLL(str(lib_path))
+    try:
+        lib = ctypes.CDLL(str(lib_path))
+    except OSError as e:  # e.g. a cache shared with a machine whose build does not load here
+        return None, f"could not load {lib_path}: {e} (delete it to rebuild)"
     if not lib.stream_supported():
         return None, "this CPU lacks AVX2 + FMA"
     if os.path.exists("/proc/self/maps"):
