@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import helpers
-from helpers.serving.blocks import (BlockPool, OutOfBlocks, block_hashes, kv_bytes_per_block, simulate_hit_rate,
+from helpers.serving.blocks import (BlockPool, OutOfBlocks, block_hashes, simulate_hit_rate,
                                     slot_mapping)
 from helpers.serving.prefix import (PrefixCachingEngine, block_memory, bucket_rows, cached_prefixes, chat_traffic, shared_share_prompts,
                                     shared_tokens)
@@ -79,7 +79,7 @@ def test_hit_rate_falls_with_block_size_on_unaligned_prefixes():
 
 
 def test_memory_per_block():
-    assert kv_bytes_per_block(30, 3, 64, 32, 2) == 2 * 30 * 3 * 64 * 32 * 2
+    assert block_memory("embedded", 32, amp="bf16")["bytes_per_block"] == 2 * 30 * 3 * 64 * 32 * 2  # SmolLM2: 3 KV heads
     row = block_memory("Llama-3.1-8B", 32, tp_degree=32, amp="bf16")  # 8 KV heads replicated to 1 per core
     assert row["kv_heads/core"] == 1 and row["bytes_per_block"] == 2 * 32 * 1 * 128 * 32 * 2
     assert block_memory("Llama-3.1-8B", 32, tp_degree=2)["bytes_per_block"] == 2 * 32 * 4 * 128 * 32 * 2

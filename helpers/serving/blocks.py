@@ -49,12 +49,6 @@ def slot_mapping(block_table: Sequence[int], start: int, end: int, block_size: i
     return [block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]
 
 
-def kv_bytes_per_block(n_layers: int, kv_heads_per_rank: int, head_dim: int, block_size: int, dtype_bytes: int) -> int:
-    """Bytes one block holds on one rank: K and V of ``block_size`` positions, every layer, the rank's KV heads
-    (NxDI's cache per layer is ``(pa_num_blocks + 1, pa_block_size, kv_heads_per_rank, head_dim)``)."""
-    return 2 * n_layers * kv_heads_per_rank * head_dim * block_size * dtype_bytes
-
-
 class OutOfBlocks(RuntimeError):
     pass
 

@@ -23,9 +23,8 @@ import torch
 
 from ..engine.model import Transformer, build_mask
 from ..planning.buckets import nxdi_prefix_caching_select
-from ..planning.dtypes import amp_bytes
 from ..planning.memory import Shape, load_model_config, plan
-from .blocks import BlockPool, SequenceBlocks, kv_bytes_per_block, slot_mapping
+from .blocks import BlockPool, SequenceBlocks, slot_mapping
 
 
 class PagedTransformer(Transformer):
@@ -101,8 +100,9 @@ class PrefixCachingEngine:
 
     @property
     def kv_bytes_per_block(self) -> int:
-        a, t = self.tr.args, self.tr.k_cache
-        return kv_bytes_per_block(a.n_layers, self.tr.w.n_kv, a.head_dim, self.block_size, t.element_size())
+        """Bytes one block holds: K and V of ``block_size`` positions, every layer, this rank's KV heads (read off the
+        block cache this engine allocated)."""
+        return (self.tr.k_cache.nbytes + self.tr.v_cache.nbytes) // self.tr.num_blocks
 
     def _sync(self):
         if self.tr.device.type == "cuda":
@@ -150,12 +150,14 @@ class PrefixCachingEngine:
 
 def block_memory(model, block_size: int, tp_degree: int = 1, amp: str = "bf16") -> dict:
     """Bytes of one KV block per NeuronCore for a model config (a shipped name, "embedded" or a path), with NxD
-    Inference's KV heads per core at ``tp_degree`` (its GQA layout, ``helpers.planning.memory.plan``)."""
+    Inference's KV heads per core at ``tp_degree`` (its GQA layout): the planner's KV cache of one sequence of
+    ``block_size`` positions (``helpers.planning.memory.plan``; NxDI's cache per layer is ``(pa_num_blocks + 1,
+    pa_block_size, kv_heads_per_rank, head_dim)``)."""
     shape = Shape.from_config(load_model_config(model))
-    p = plan(model, tp_degree, amp=amp, library="nxdi")
+    p = plan(model, tp_degree, batch_size=1, n_positions=block_size, amp=amp, library="nxdi")
     if p.error:
         raise ValueError(p.error)
-    per_block = kv_bytes_per_block(shape.layers, p.kv_heads_per_core, shape.head_dim, block_size, amp_bytes(amp))
+    per_block = p.kv_bytes  # one sequence's KV cache of block_size positions
     return {"model": shape.name, "tp": tp_degree, "kv_heads/core": p.kv_heads_per_core, "block_size": block_size,
             "bytes_per_block": per_block, "bytes_per_token": per_block // block_size}
 
