@@ -75,9 +75,6 @@ def onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = Non
     return _MKLDNN_LINEAR(x, w, b, "none", [None], "")
 
 
-packed_linear = onednn_linear  # the same op on oneDNN's blocked copy
-
-
 # -- the kernels' own copies of the weights ---------------------------------------------------------
 def kernel_available(kernel: str) -> bool:
     if kernel == "stream":
@@ -120,6 +117,12 @@ def packed_weight(w: torch.Tensor, kind: str = "packed") -> torch.Tensor | None:
     """The ``kind`` copy of ``w`` kept by :func:`pack_weights`, or None (never packed, or a traced stand-in)."""
     entry = _copies[kind].get(id(w))
     return entry[1] if entry is not None and entry[0]() is w else None
+
+
+def copy_linear(kind: str, x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, w, b)`` by kernel ``kind`` from ``p``, its copy of ``w`` ("packed": oneDNN's linear reads its
+    blocked copy as it reads a dense weight)."""
+    return stream.stream_linear(x, p, b) if kind == "stream" else onednn_linear(x, p, b)
 
 
 def copies_wanted(threads: int | None = None) -> set[str]:
@@ -174,9 +177,9 @@ def tune_matmuls(weights: list[torch.Tensor], repeats: int = 3) -> dict | None:
     row and for MATMUL_TUNE_ROWS rows; "stream" and "packed" are candidates when the weights have their
     copies (:func:`pack_weights`). The winners depend on the CPU (all 30 SmolLM2 layers + LM head, 538 MB):
 
-    - 2-core AMD EPYC (Zen 3), 20-23 GB/s, medians of one run: one row, stream 30.6 ms, split-k 31.0,
-      packed 40.9, MKL's GEMV 36-44; 8 rows, stream 39.4, packed 60.5, oneDNN on the column-major
-      weights 54-72, MKL 83-113 (it packs the weight on every call).
+    - 2-core AMD EPYC (Zen 3), 22 GB/s (``ci/benchmark.py --amp f32 --batch-sizes 1 8 --repeats 3``): one
+      row, stream 30.6 ms, split-k 34.5, packed 39.5, MKL's GEMV 40.1; 8 rows, stream 31.6, packed 45.5,
+      oneDNN on the column-major weights 66.4, MKL 103.8 (it packs the weight on every call).
     - 2-core Intel Xeon (Sapphire Rapids), before stream and packed existed: MKL ahead in both, 19.1
       against split-k 20.9 ms; 34 against oneDNN 40 ms at 8 rows.
 
@@ -192,12 +195,10 @@ def tune_matmuls(weights: list[torch.Tensor], repeats: int = 3) -> dict | None:
         candidates["one_row"]["split-k"] = lambda x, t: split_k_linear(x, t, None, n)
     if _MKLDNN_LINEAR is not None:
         candidates["rows"]["onednn"] = onednn_linear
-    if all(packed_weight(t, "stream") is not None for t in weights):
-        for case in candidates:  # the lookups are timed too: cpu_linear pays them on every call
-            candidates[case]["stream"] = lambda x, t: stream.stream_linear(x, packed_weight(t, "stream"))
-    if all(packed_weight(t) is not None for t in weights):
-        for case in candidates:
-            candidates[case]["packed"] = lambda x, t: packed_linear(x, packed_weight(t))
+    for kind in COPIES:
+        if all(packed_weight(t, kind) is not None for t in weights):
+            for case in candidates:  # the lookup is timed too: cpu_linear pays it on every call
+                candidates[case][kind] = lambda x, t, kind=kind: copy_linear(kind, x, packed_weight(t, kind))
     out = {"bytes": size, "n_rows": MATMUL_TUNE_ROWS}
     with torch.inference_mode():
         for case, rows in (("one_row", 1), ("rows", MATMUL_TUNE_ROWS)):
@@ -234,14 +235,12 @@ def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) 
         if kernel == "split-k" and n > 1 and k % n == 0:
             return split_k_linear(x, w, b, n)
         p = packed_weight(w, kernel) if kernel in COPIES else None
-        if p is None:
-            return F.linear(x, w, b)
-        return stream.stream_linear(x, p, b) if kernel == "stream" else packed_linear(x, p, b)
+        return F.linear(x, w, b) if p is None else copy_linear(kernel, x, p, b)
     kernel = matmul_kernel("rows")
     if kernel in COPIES:
         p = packed_weight(w, kernel)
         if p is not None:
-            return stream.stream_linear(x, p, b) if kernel == "stream" else packed_linear(x, p, b)
+            return copy_linear(kernel, x, p, b)
         kernel = "onednn"
     if _MKLDNN_LINEAR is not None and kernel == "onednn":
         return onednn_linear(x, w, b)
