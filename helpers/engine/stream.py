@@ -6,10 +6,12 @@ over 8 rows cost 1.8x a one-row step in oneDNN's blocked layout and 2.4x with MK
 weight in blocks of 16 output columns (:func:`stream_layout`), runs six rows per pass over a block and
 prefetches 4 KB ahead, so reading the next block overlaps the arithmetic on this one (8 rows: ~1.3x one
 row). With many rows (prefill) it keeps up with the library GEMMs (128 rows: 165-177 ms per pass over
-SmolLM2's layers against oneDNN's 200-216; 1024 rows: 1251 against MKL's 1270-1395). It is C with AVX2 intrinsics, built on first use with the system C compiler (``$CC`` or ``cc``) into
+SmolLM2's layers against oneDNN's 200-216; 1024 rows: 1251 against MKL's 1270-1395).
+
+It is C with AVX2 intrinsics, built on first use with the system C compiler (``$CC`` or ``cc``) into
 ``~/.cache/neuron-inference-notebooks`` and called through ``ctypes``; where that cannot happen (no compiler,
-no AVX2 + FMA, not x86-64, a second OpenMP runtime) :func:`load` says why and ``helpers.engine.kernels``
-times and uses its other kernels only.
+no AVX2 + FMA, not x86-64, a second OpenMP runtime, a cached library that does not load) :func:`load` says
+why and ``helpers.engine.kernels`` times and uses its other kernels only.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ import torch
 
 from ..engine.model import Transformer, build_mask
 from ..planning.buckets import nxdi_prefix_caching_select
-from ..planning.memory import Shape, load_model_config, plan
+from ..planning.memory import plan
 from .blocks import BlockPool, SequenceBlocks, slot_mapping
 
 
@@ -153,12 +153,11 @@ def block_memory(model, block_size: int, tp_degree: int = 1, amp: str = "bf16") 
     Inference's KV heads per core at ``tp_degree`` (its GQA layout): the planner's KV cache of one sequence of
     ``block_size`` positions (``helpers.planning.memory.plan``; NxDI's cache per layer is ``(pa_num_blocks + 1,
     pa_block_size, kv_heads_per_rank, head_dim)``)."""
-    shape = Shape.from_config(load_model_config(model))
     p = plan(model, tp_degree, batch_size=1, n_positions=block_size, amp=amp, library="nxdi")
     if p.error:
         raise ValueError(p.error)
     per_block = p.kv_bytes  # one sequence's KV cache of block_size positions
-    return {"model": shape.name, "tp": tp_degree, "kv_heads/core": p.kv_heads_per_core, "block_size": block_size,
+    return {"model": p.model, "tp": tp_degree, "kv_heads/core": p.kv_heads_per_core, "block_size": block_size,
             "bytes_per_block": per_block, "bytes_per_token": per_block // block_size}
 
 
