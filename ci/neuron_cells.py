@@ -1,0 +1,124 @@
+"""Run every Neuron cell of one stack as a standalone script, the way a reader who copies it out would.
+
+    python ci/neuron_cells.py tnx                  # every notebook's transformers-neuronx cells
+    python ci/neuron_cells.py nxdi --notebooks 03  # one notebook's NxD Inference cells
+
+Each cell (tagged ``neuron`` + the stack, see tests/contract/contract_harness.py) is written to
+``<out>/<notebook>-cell<N>.py`` exactly as it stands, plus the ``# EDIT`` values of
+``ci/params/neuron-cells.yaml`` assigned right after its ``# EDIT`` block (``model_dir`` is always the embedded
+model's checkpoint). It then runs as its own process from an empty temporary folder. The stack's library must be
+importable (the neuron lanes put its stand-in on PYTHONPATH; on an instance it is the real one). The stand-ins may
+reach the reference engine in ``helpers``; the cell's own code may not: an ``import helpers`` in the script fails
+with ModuleNotFoundError, as it would outside this repository. A cell passes when its script exits 0 without
+saying it was skipped. Exit status 1 when any cell failed; a table names each cell and its result.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "contract"))
+import contract_harness as harness  # noqa: E402
+
+# Runs the script as __main__ with `import helpers` refused to the script's own code (its module globals are
+# __main__'s); the stand-ins, imported under their own module names, still reach the reference engine.
+BOOT = """
+import builtins, runpy, sys
+_import = builtins.__import__
+def _guarded(name, globals=None, locals=None, fromlist=(), level=0):
+    if level == 0 and name.split(".")[0] == "helpers" and (globals or {}).get("__name__") == "__main__":
+        raise ModuleNotFoundError("No module named 'helpers' (a Neuron cell runs outside this repository)",
+                                  name="helpers")
+    return _import(name, globals, locals, fromlist, level)
+builtins.__import__ = _guarded
+path = sys.argv[1]
+sys.argv = sys.argv[1:]
+runpy.run_path(path, run_name="__main__")
+"""
+
+
+def overrides_for(params: dict, stem: str, model_dir: str) -> dict:
+    """EDIT overrides for notebook ``stem`` (``NN_name``): ``all``, then the notebook's own (by its number)."""
+    unknown = set(params) - {"all"} - {p.stem.split("_")[0] for p in (REPO / "notebooks").glob("*.ipynb")}
+    if unknown:
+        raise SystemExit(f"neuron-cells params: {sorted(unknown)} name no notebook (use 'all' or a number like '03')")
+    return {"model_dir": model_dir, **(params.get("all") or {}), **(params.get(stem.split("_")[0]) or {})}
+
+
+def cell_scripts(stack: str, notebooks: list[Path], params: dict, model_dir: str):
+    """(name, script) of every ``stack`` Neuron cell of ``notebooks``, in notebook order."""
+    used = {"model_dir"}
+    for path in notebooks:
+        nb = nbformat.read(str(path), as_version=4)
+        overrides = overrides_for(params, path.stem, model_dir)
+        for i, cell in harness.neuron_cells(nb, stack):
+            mine = {k: v for k, v in overrides.items() if k in harness.edit_names(cell.source)}
+            used |= set(mine)
+            yield f"{path.stem}-cell{i}", harness.script_for(cell.source, mine)
+    given = {k for section in params.values() for k in (section or {})}
+    if given - used:  # a misspelled name would otherwise change nothing
+        raise SystemExit(f"neuron-cells params: {sorted(given - used)} are set by no # EDIT block of these cells")
+
+
+def run_script(script: Path, timeout: float) -> tuple[bool, str, float]:
+    env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1"}
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="neuron-cell-") as cwd:
+        try:
+            proc = subprocess.run([sys.executable, "-c", BOOT, str(script)], cwd=cwd, env=env, text=True,
+                                  capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            return False, f"timed out after {timeout:.0f} s\n{exc.stdout or ''}{exc.stderr or ''}", timeout
+    seconds = time.perf_counter() - start
+    output = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        return False, output, seconds
+    if "Skipped:" in proc.stdout:
+        return False, "the cell skipped itself: its library did not import\n" + output, seconds
+    return True, output, seconds
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("stack", choices=harness.STACKS)
+    ap.add_argument("--notebooks", nargs="*", help="notebook numbers or stems (default: all)")
+    ap.add_argument("--params", default=str(REPO / "ci" / "params" / "neuron-cells.yaml"))
+    ap.add_argument("--out", default=str(REPO / "out" / "neuron-cells"))
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per cell")
+    args = ap.parse_args(argv)
+
+    from helpers.model_store import resolve_model_path  # the runner's own use: the embedded checkpoint's folder
+
+    notebooks = sorted((REPO / "notebooks").glob("*.ipynb"))
+    if args.notebooks:
+        notebooks = [p for p in notebooks if any(p.stem == n or p.stem.split("_")[0] == n for n in args.notebooks)]
+    params = yaml.safe_load(Path(args.params).read_text()) or {}
+    out = Path(args.out) / args.stack
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name, script in cell_scripts(args.stack, notebooks, params, str(resolve_model_path(None))):
+        path = out / f"{name}.py"
+        path.write_text(script)
+        ok, output, seconds = run_script(path, args.timeout)
+        (out / f"{name}.log").write_text(output)
+        results.append((name, ok, seconds))
+        print(f"{'PASS' if ok else 'FAIL'}  {name}  {seconds:6.1f} s", flush=True)
+        if not ok:
+            print("    " + "\n    ".join(output.strip().splitlines()[-25:]), flush=True)
+    failed = [n for n, ok, _ in results if not ok]
+    print(f"{len(results) - len(failed)}/{len(results)} {args.stack} Neuron cells passed as standalone scripts"
+          + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed or not results else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
