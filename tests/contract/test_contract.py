@@ -8,17 +8,15 @@ Inference 0.8 (SDK 2.28). The stand-in packages in ``tests/neuron_sim/`` transcr
 rules and raise on anything else, including keywords the real libraries silently swallow.
 What it does not prove: that anything runs on an inf2 instance (that is the inf2 workflow's job).
 
-Each Neuron cell runs alone in a fresh namespace on its own ``# EDIT`` literals (after
-``helpers.resolve_backend("neuron", stack)``, what the notebook's set-up cell does): a cell that reads a name
-from an earlier cell fails. Notebooks added to ``notebooks/`` later are picked up automatically; the cell
-convention is in ``contract_harness.py`` (and docs/inf2.md); its static half (tags, guard, one ``# EDIT``
-block, no free names) is checked without stand-ins by ``tests/test_neuron_cells.py``.
+Each Neuron cell runs alone in a fresh namespace on its own ``# EDIT`` literals: a cell that reads a name from an
+earlier cell fails. The cell convention is in ``contract_harness.py`` (and docs/inf2.md); its static half (tags,
+guard, imports, one ``# EDIT`` block, no free names) is checked without stand-ins by ``tests/test_neuron_cells.py``,
+and the lanes run every notebook's cells as scripts (``ci/neuron_cells.py``).
 """
 from __future__ import annotations
 
 import importlib.util
 import keyword
-import os
 import re
 import sys
 from pathlib import Path
@@ -36,14 +34,11 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
 
 def _cases():
-    """The fixture notebook's Neuron cells. The notebooks' own Neuron cells run in the neuron lanes, inside the
-    whole notebook (ci/neuron_sim.sh runs every notebook on backend=neuron); NEURON_CONTRACT_NOTEBOOKS=1 runs
-    them here too, each cell alone on its own # EDIT literals (real tokens from the stand-ins: minutes)."""
-    cases = []
-    for path in [FIXTURE, *(NOTEBOOKS if os.environ.get("NEURON_CONTRACT_NOTEBOOKS") == "1" else [])]:
-        nb = nbformat.read(str(path), as_version=4)
-        cases += [pytest.param(path, stack, id=f"{path.stem}-{stack}") for stack in harness.neuron_stacks(nb)]
-    return cases
+    """The fixture notebook's Neuron cells, run in-process here. The notebooks' own Neuron cells run in the neuron
+    lanes, twice: inside the whole notebook (ci/run_notebooks.py on backend=neuron) and each alone as a script in
+    its own process (ci/neuron_cells.py)."""
+    nb = nbformat.read(str(FIXTURE), as_version=4)
+    return [pytest.param(FIXTURE, stack, id=f"{FIXTURE.stem}-{stack}") for stack in harness.neuron_stacks(nb)]
 
 
 @pytest.fixture
@@ -257,23 +252,19 @@ def _replace_cells(stack, bodies):
     cells = dict(zip(indexes, bodies))
 
     def edit(i, source):
-        return f'import helpers\n\nif helpers.run_neuron_cell("{stack}"):\n    # EDIT\n    {cells[i]}\n'
+        return (f'import importlib.util\n\nif importlib.util.find_spec("{harness.LIBRARY[stack]}") is None:\n'
+                f'    print("Skipped:")\nelse:\n    # EDIT\n    {cells[i]}\n')
     return edit, indexes
 
 
 @pytest.mark.parametrize("stack", harness.STACKS)
-def test_each_cell_runs_alone_on_the_chosen_backend(stack, contract):
-    import helpers
-    from helpers.notebook import backend as helpers_backend
-
-    before = helpers_backend._chosen
-    edit, indexes = _replace_cells(stack, ["seen = helpers.notebook.backend.chosen_backend()", "print(sorted(globals()))"])
+def test_each_cell_runs_alone(stack, contract):
+    edit, indexes = _replace_cells(stack, ["seen = sorted(globals())", "print(sorted(globals()))"])
     run = harness.run_neuron_cells(FIXTURE, stack, edit=edit)
     first, second = (run.namespaces[i] for i in indexes)
-    assert first["seen"] == helpers.Backend("neuron", stack)  # resolve_backend("neuron", stack) before each cell
+    assert "importlib" in first["seen"] and "tokenizer" not in first["seen"]  # only what the cell binds
     assert "seen" not in second and "tokenizer" not in second and "bk" not in second  # a fresh namespace each
     assert [s.index for s in run.steps] == indexes
-    assert helpers_backend._chosen is before, "the harness must give the process its chosen backend back"
 
 
 @pytest.mark.parametrize("stack,body,name", [
