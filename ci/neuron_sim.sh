@@ -5,15 +5,17 @@
 #   bash ci/neuron_sim.sh tnx      # transformers-neuronx 0.13 (SDK 2.26): transformers 4.47.1
 #   bash ci/neuron_sim.sh nxdi     # NxD Inference 0.8 (SDK 2.28): transformers 4.57.1
 #   bash ci/neuron_sim.sh tnx --setup            # only build .venv-neuron-tnx
-#   bash ci/neuron_sim.sh nxdi --notebooks 04    # extra arguments go to ci/run_notebooks.py
+#   bash ci/neuron_sim.sh nxdi --notebooks 04    # extra arguments go to ci/run_notebooks.py (--notebooks: cells too)
 #
 # It builds .venv-neuron-<stack> from requirements-neuron-<stack>.txt without the packages that exist only
 # on the Neuron index (the SDK itself: compiler, runtime, the two libraries), with the CPU torch of
-# requirements.txt, and installs the stand-ins in their place. Then: the embedded model is converted once
-# under the pinned transformers (as python -m helpers.model_store does on an instance, docs/inf2.md), the
-# contract and stand-in tests of the stack run, and ci/run_notebooks.py runs all notebooks with
-# ci/params/inf2-<stack>.yaml overlaid with ci/params/neuron-sim.yaml (the smallest values that still run
-# every cell).
+# requirements.txt. Each run puts this stack's stand-in alone on PYTHONPATH in their place (an SDK venv holds one
+# of the two libraries: the other stack's cells skip, as on an instance). Then: the embedded model is converted
+# once under the pinned transformers (as python -m helpers.model_store does on an instance, docs/inf2.md), the
+# contract and stand-in tests of the stack run, ci/neuron_cells.py runs every Neuron cell of the stack alone as a
+# script (its # EDIT values from ci/params/neuron-cells.yaml, helpers imports from the cell refused), and
+# ci/run_notebooks.py runs all notebooks with ci/params/inf2.yaml, the stack's overlay ci/params/inf2-<stack>.yaml
+# and ci/params/neuron-sim.yaml (the smallest values that still run every cell). It fails when any part failed.
 #
 # What a green lane proves: the notebooks' code and helpers run end to end against the pinned APIs and the
 # pinned transformers, with the behaviour the stand-ins transcribe from the pinned sources. What it cannot
@@ -52,7 +54,6 @@ STAND_INS="$FRESH/stand-ins"
 mkdir -p "$STAND_INS"
 case "$STACK" in tnx) PKG=transformers_neuronx ;; nxdi) PKG=neuronx_distributed_inference ;; esac
 ln -s "$PWD/tests/neuron_sim/$PKG" "$PWD/tests/neuron_sim/_neuron_contract.py" "$STAND_INS/"
-export NEURON_STAND_INS="$STAND_INS"
 export PYTHONPATH="$PWD:$STAND_INS${PYTHONPATH:+:$PYTHONPATH}"
 
 # The model store under the pinned transformers: a fresh conversion, then the shared cached checkpoint.
@@ -62,5 +63,22 @@ NEURON_NB_CACHE="$FRESH" "$VENV/bin/python" -c "$PREPARE"
 "$VENV/bin/python" -c "$PREPARE"
 
 "$VENV/bin/python" -m pytest tests/contract -q -ra -p no:cacheprovider -k "$STACK or not (tnx or nxdi)"
-exec "$VENV/bin/python" ci/run_notebooks.py --params "ci/params/inf2-$STACK.yaml" --params ci/params/neuron-sim.yaml \
-  --out "${OUT_DIR:-out/neuron-sim-$STACK}" "$@"
+
+# Every Neuron cell of this stack alone, as a script in its own process and an empty folder: what a reader who
+# copies the cell out of the repository runs (helpers imports from the cell's code fail there).
+SELECTED=()  # the notebooks named by --notebooks, if any, for the cells too
+collect=0
+for arg in "$@"; do
+  case "$arg" in
+    --notebooks) collect=1 ;;
+    --*) collect=0 ;;
+    *) if [ "$collect" = 1 ]; then SELECTED+=("$arg"); fi ;;
+  esac
+done
+status=0
+"$VENV/bin/python" ci/neuron_cells.py "$STACK" --out "${OUT_DIR:-out/neuron-sim-$STACK}/cells" \
+  ${SELECTED[@]+--notebooks "${SELECTED[@]}"} || status=1
+# Then every notebook whole on backend="neuron".
+"$VENV/bin/python" ci/run_notebooks.py --params ci/params/inf2.yaml --params "ci/params/inf2-$STACK.yaml" \
+  --params ci/params/neuron-sim.yaml --out "${OUT_DIR:-out/neuron-sim-$STACK}" "$@" || status=1
+exit $status
