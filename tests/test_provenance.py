@@ -47,3 +47,17 @@ def test_measured_by_reference():
 def test_stack_distribution_unknown_stack():
     with pytest.raises(ValueError):
         provenance.stack_distribution("tpu")
+
+
+def test_stack_distribution_recognises_the_stand_ins_on_the_path(tmp_path, monkeypatch):
+    """The lanes put tests/neuron_sim/<package> on PYTHONPATH through a symlinked folder, uninstalled: still the
+    stand-ins, never 'on NeuronCores'."""
+    import sys
+    from pathlib import Path
+
+    stand_in = Path(__file__).resolve().parent / "neuron_sim" / "transformers_neuronx"
+    (tmp_path / "transformers_neuronx").symlink_to(stand_in)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "transformers_neuronx", raising=False)
+    assert provenance.stack_distribution("tnx") == provenance.STAND_IN_DISTRIBUTION
+    assert "not a Neuron measurement" in provenance.measured_by(NEURON)

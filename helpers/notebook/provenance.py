@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+from pathlib import Path
 
 from ..neuron.runtime import STACK_NAMES, STACKS
 from .backend import Backend
 
-# The distribution the neuron lanes install under the Neuron import names (tests/neuron_sim/pyproject.toml).
+# The stand-ins the neuron lanes put under the Neuron import names (tests/neuron_sim, its pyproject's name). The
+# lanes do not install them: each run puts one stack's package on PYTHONPATH, so they are recognised by where the
+# package lives, not by installed metadata.
 STAND_IN_DISTRIBUTION = "neuron-stand-ins"
+STAND_IN_FOLDER = "neuron_sim"
 
 
 def reference_only(bk: Backend, why: str) -> bool:
@@ -30,12 +34,16 @@ def reference_only(bk: Backend, why: str) -> bool:
 
 
 def stack_distribution(stack: str) -> str | None:
-    """The installed distribution that provides the stack's import name ('transformers_neuronx', ...)."""
+    """The distribution that provides the stack's import name ('transformers_neuronx', ...): the stand-ins' name when
+    the package is one of tests/neuron_sim (however it was put on the path), None when the name does not import."""
     if stack not in STACKS:
         raise ValueError(f"stack={stack!r}: use one of {tuple(STACKS)}")
     module = STACKS[stack]
-    if importlib.util.find_spec(module) is None:
+    spec = importlib.util.find_spec(module)
+    if spec is None:
         return None
+    if spec.origin and STAND_IN_FOLDER in Path(spec.origin).resolve().parts:
+        return STAND_IN_DISTRIBUTION
     dists = importlib.metadata.packages_distributions().get(module) or []
     return dists[0] if dists else None
 
