@@ -1,0 +1,48 @@
+"""helpers.notebook.figures: spreads, comparisons that call a difference only where the ranges separate, titles."""
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from helpers.notebook.backend import Backend  # noqa: E402
+from helpers.notebook.figures import Spread, compare, titled  # noqa: E402
+
+
+def test_spread_median_min_max():
+    s = Spread([3.0, 1.0, 2.0, 10.0])
+    assert (s.median, s.low, s.high, s.n) == (2.5, 1.0, 10.0, 4)
+    assert s.format(1e3, " ms", 0) == "2500 ms (min 1000, max 10000, n=4)"
+    assert s.relative_width == pytest.approx(9.0 / 2.5)
+    with pytest.raises(ValueError):
+        Spread([])
+
+
+def test_compare_calls_a_difference_only_when_ranges_separate():
+    apart = compare([1.0, 1.1, 1.2], [2.0, 2.1, 2.2], "stream", "plain")
+    assert apart.measurable and apart.ratio == pytest.approx(1.1 / 2.1)
+    assert apart.verdict.startswith("stream is faster than plain")
+    overlap = compare([1.0, 1.5, 2.1], [2.0, 2.1, 2.2], "stream", "plain")
+    assert not overlap.measurable and "no difference measurable" in overlap.verdict
+    assert "ratio of medians" in str(overlap) and "min" in str(overlap)
+    assert compare([2.0, 2.1], [1.0, 1.1], "a", "b").verdict.startswith("b is faster than a")
+
+
+def test_titled_names_the_backend():
+    fig, ax = plt.subplots()
+    titled(ax, "TTFT", Backend("reference", None, "cpu"))
+    assert "TTFT" in ax.get_title() and "reference engine" in ax.get_title()
+    titled(fig, "Two panels", Backend("reference", None, "cpu"))
+    assert "reference engine" in fig._suptitle.get_text()
+    plt.close(fig)
+
+
+def test_titled_names_a_computed_source_and_needs_one():
+    fig, ax = plt.subplots()
+    titled(ax, "Memory per core", source="computed by helpers.planning from the configs (no measurement)")
+    assert "helpers.planning" in ax.get_title()
+    with pytest.raises(ValueError, match="exactly one"):
+        titled(ax, "x")
+    with pytest.raises(ValueError, match="exactly one"):
+        titled(ax, "x", Backend("reference", None, "cpu"), source="y")
+    plt.close(fig)
