@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from helpers.notebook.backend import Backend  # noqa: E402
-from helpers.notebook.figures import Spread, compare, titled  # noqa: E402
+from helpers.notebook.figures import Spread, compare, timing_entries, timing_metric, titled  # noqa: E402
 
 
 def test_spread_median_min_max():
@@ -46,3 +46,11 @@ def test_titled_names_a_computed_source_and_needs_one():
     with pytest.raises(ValueError, match="exactly one"):
         titled(ax, "x", Backend("reference", None, "cpu"), source="y")
     plt.close(fig)
+
+
+def test_timing_metric_is_not_measurable_when_the_repeats_spread_too_far():
+    steady = compare([1.0, 1.05, 1.1], [2.0, 2.1, 2.2], "stream", "plain")
+    assert timing_entries("x", timing_metric(steady, 0.5)) == {"x": 0.5}
+    noisy = compare([1.0, 1.1, 3.0], [2.0, 2.1, 2.2], "stream", "plain")
+    entries = timing_entries("x", timing_metric(noisy, 0.5))
+    assert entries["x"] is None and "stream repeats spread" in entries["x_not_measurable"]

@@ -297,6 +297,18 @@ def test_compare_to_baseline():
     assert runner.compare_to_baseline(None, {"z": {"equals": 1}}) == ["z: missing from results (baseline equals 1)"]
 
 
+def test_timing_claims_can_be_not_measurable_but_never_silently():
+    spec = {"overhead_pct": {"max": 25.0, "timing": True}}
+    why = "repeats spread 180% of their median on this machine"
+    loaded = {"overhead_pct": None, "overhead_pct_not_measurable": why}
+    assert runner.compare_to_baseline(loaded, spec) == []
+    assert runner.not_measurable(loaded, spec) == {"overhead_pct": why}
+    assert runner.compare_to_baseline({"overhead_pct": 40.0}, spec) == ["overhead_pct: got 40, baseline max 25"]
+    assert runner.compare_to_baseline({"overhead_pct": None}, spec)[0].startswith("overhead_pct: got None")
+    # only a baseline marked as timing may be reported so
+    assert runner.compare_to_baseline(loaded, {"overhead_pct": {"max": 25.0}})[0].startswith("overhead_pct: got None")
+
+
 def test_load_baselines_validates(tmp_path):
     path = tmp_path / "b.json"
     path.write_text(json.dumps({"01_a": {"m": {"value": 1, "rtoll": 0.1}}}))

@@ -90,6 +90,26 @@ class Comparison:
                 f"ratio of medians {self.ratio:.2f}: {self.verdict}")
 
 
+def timing_metric(comparison: Comparison, value: float, max_width: float = 0.5) -> dict:
+    """A timing claim for the metrics file: ``{"value": value}`` when both spreads are at most ``max_width`` of their
+    medians, else ``{"value": None, "not_measurable": why}`` (ci/run_notebooks.py reports such a claim as not
+    measurable here, for baselines marked ``"timing": true``). Write it with :func:`timing_entries`."""
+    wide = [(name, s) for name, s in ((comparison.name_a, comparison.a), (comparison.name_b, comparison.b))
+            if s.relative_width > max_width]
+    if not wide:
+        return {"value": value}
+    why = "; ".join(f"the {name} repeats spread {s.relative_width:.0%} of their median" for name, s in wide)
+    return {"value": None, "not_measurable": f"{why} (more than {max_width:.0%}): too noisy to test the claim here"}
+
+
+def timing_entries(name: str, metric: dict) -> dict:
+    """``{name: value}`` plus ``{name + "_not_measurable": why}`` where :func:`timing_metric` gave one."""
+    out = {name: metric["value"]}
+    if "not_measurable" in metric:
+        out[f"{name}_not_measurable"] = metric["not_measurable"]
+    return out
+
+
 def compare(a: Iterable[float], b: Iterable[float], name_a: str = "a", name_b: str = "b") -> Comparison:
     """Seconds (or any lower-is-better figure) of two setups, each repeated: see :class:`Comparison`."""
     return Comparison(Spread(a), Spread(b), name_a, name_b)
