@@ -474,6 +474,38 @@ def test_quantized_checkpoint_is_written_and_used(env, tmp_path):
     assert out.shape == (1, 10)
 
 
+@pytest.mark.parametrize("quantization_type", ["per_channel_symmetric", "per_tensor_symmetric"])
+def test_int8_turns_a_tied_lm_head_into_zeros(env, tmp_path, quantization_type):
+    """SmolLM2 ties lm_head to the embedding. Without modules_to_not_convert=['lm_head'] the checkpoint stores an
+    int8 lm_head + scale (model_base.py prepare_quantized_state_dict), the model's lm_head is int8
+    (model_wrapper.py convert), the loader puts the float embedding back (tie_word_embeddings) and
+    ModelBuilder.cast_weights casts it .to(int8): mostly zeros. With 'lm_head' kept out: the embedding."""
+    from neuronx_distributed_inference._reference import device_lm_head
+
+    ids = torch.tensor([[1, 504, 3458, 282, 4649, 314]])
+    outs, heads = {}, {}
+    for keep in (False, True):
+        kw = dict(batch_size=1, quantized=True, quantized_checkpoints_path=str(tmp_path / f"q{keep}.pt"),
+                  quantization_type=quantization_type, **({"modules_to_not_convert": ["lm_head"]} if keep else {}))
+        env["cls"].save_quantized_state_dict(env["path"], env["config"](**kw))
+        sd = torch.load(tmp_path / f"q{keep}.pt")
+        model = env["build"](tmp_path / f"m{keep}", **kw)
+        loaded = model.checkpoint_loader_fn()
+        heads[keep] = device_lm_head(model.neuron_config, loaded)
+        outs[keep] = env["Adapter"](model).generate(ids, attention_mask=torch.ones_like(ids), max_length=14,
+                                                    do_sample=False, eos_token_id=None)[0, ids.shape[1]:]
+        assert torch.equal(loaded["lm_head.weight"], loaded["embed_tokens.weight"])  # the tie, at load
+        if not keep or quantization_type == "per_tensor_symmetric":  # per-tensor ignores modules_to_not_convert
+            assert sd["lm_head.weight"].dtype == torch.int8 and "lm_head.scale" in sd
+        else:
+            assert sd["lm_head.weight"].dtype != torch.int8
+    embed = loaded["embed_tokens.weight"]
+    assert heads[True] is None  # float head = the embedding, as tied
+    assert (heads[False] == 0).float().mean() > 0.9 and (embed.to(torch.int8) == 0).float().mean() > 0.9
+    assert not torch.equal(outs[False], outs[True])
+    assert len(set(outs[False].tolist())) <= 2, outs[False]  # near-zero logits: one token over and over
+
+
 # ------------------------------------------------------------------------------------------ config
 def test_rope_parameters_without_rope_theta_is_refused(env, tmp_path):
     from _neuron_contract import ContractError

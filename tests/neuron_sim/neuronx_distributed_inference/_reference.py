@@ -140,6 +140,8 @@ def quantize_state_dict(model_path: str, config) -> dict:
         q, scale = quantize_tensor(head, quant)
         state = {k: v for k, v in state.items() if k != "lm_head.weight"}
         state["lm_head.weight"], state["lm_head.scale"] = q.contiguous(), scale
+    else:  # prepare_quantized_state_dict writes lm_head's state dict either way (the tied tensor when tied)
+        state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
     out = {}
     for name, t in state.items():
         key = name[len("model."):] if name.startswith("model.") else name

@@ -31,21 +31,44 @@ FUSED_SPECULATION_MODEL_TAG = "fused_speculation_model"
 
 
 class ModelWrapper(torch.nn.Module):
-    def __init__(self, config, model_cls=None, tag="", compiler_args: str = None, priority_model_idx=None,
-                 model_init_kwargs={}, application=None):
+    def __init__(
+        self,
+        config,
+        model_cls,
+        tag="",
+        compiler_args: str = None,
+        priority_model_idx: int = None,
+        pipeline_execution: bool = False,
+        return_ranked_to_cpu: bool = False,
+        model_init_kwargs={},
+    ) -> None:
         super().__init__()
         self.config = config
         self.neuron_config = config.neuron_config
+
+        if not self.neuron_config.torch_dtype:
+            self.neuron_config.torch_dtype = torch.float32
+
+        if not hasattr(config, "pad_token_id") or config.pad_token_id is None:
+            config.pad_token_id = 0
+
         self.model_cls = model_cls
+        self.model = None  # the traced model, set by NeuronApplicationBase.load()
+        self.is_compiled = False
+        self.serialize_base_path = None
         self.tag = tag
+        self.is_block_kv_layout = config.neuron_config.is_block_kv_layout
+        self.is_prefix_caching = config.neuron_config.is_prefix_caching
         self.compiler_args = compiler_args
         self.priority_model_idx = priority_model_idx
-        self.model = None  # the traced model, set by NeuronApplicationBase.load()
+        self.pipeline_execution = pipeline_execution
+        self.return_ranked_to_cpu = return_ranked_to_cpu
+        self.model_init_kwargs = model_init_kwargs
         self.is_batch_bucketing = self.neuron_config.token_generation_batches is not None
-        self._application = [application]  # stand-in: where the reference engine lives (not a submodule)
+        self._application = [None]  # stand-in: where the reference engine lives (set by NeuronBaseForCausalLM)
 
     def is_neuron(self):
-        return True
+        return self.model is not None and isinstance(self.model, torch.jit.ScriptModule)
 
     def get_target_bucket(self, *args, strategy="first_fit"):
         input_len = args[1].shape[1]  # attention_mask

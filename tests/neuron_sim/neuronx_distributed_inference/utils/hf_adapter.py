@@ -39,7 +39,7 @@ keeps silently) raises ContractError. Numbers: the reference engine at tp_degree
 import copy
 import os
 from types import SimpleNamespace
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 import torch
 from transformers import AutoConfig, GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
@@ -52,6 +52,7 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.modeling_outputs import ModelOutput
 
 import _neuron_contract as contract
+from neuronx_distributed_inference.utils.tensor_replacement.registry import TensorReplacementRegister
 from neuronx_distributed_inference.models.application_base import NeuronApplicationBase
 from neuronx_distributed_inference.models.config import (
     InferenceConfig,
@@ -64,12 +65,6 @@ from neuronx_distributed_inference.modules.generation.sampling import (
     Sampler,
     prepare_sampling_params,
 )
-
-
-class TensorReplacementRegister:  # utils/tensor_replacement/registry.py (not transcribed)
-    @staticmethod
-    def get_instance():
-        raise NotImplementedError("stand-in: tensor replacement is not transcribed")
 
 
 def _refuse_rope_parameters_only(config_dict):
