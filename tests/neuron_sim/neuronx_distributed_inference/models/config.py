@@ -154,6 +154,11 @@ class QuantizedDtype(enum.Enum, metaclass=MyEnumMeta):
         return cls[dtype_string.upper()].value
 
 
+# Saved configs name these classes by their home module (to_dict writes __module__): keep neuronx-distributed's.
+for _cls in (QuantizationType, KVQuantizationConfig, ActivationQuantizationType, QuantizedDtype):
+    _cls.__module__ = "neuronx_distributed.quantization.quantization_config"
+
+
 def validate_activation_quantization_type(type: str):
     assert type in ActivationQuantizationType, f"Unsupported activation quantization type: {type}"
 
