@@ -61,7 +61,25 @@ def test_nxdi_mapping_dtype_quant_speculation(tmp_path):
     assert s.neuron_config["torch_dtype"] == "bfloat16" and s.neuron_config["speculation_length"] == 5
     assert s.neuron_config["quantized"] and s.neuron_config["quantization_dtype"] == "f8e4m3"
     assert s.neuron_config["quantization_type"] == "per_channel_symmetric"
+    assert s.neuron_config["modules_to_not_convert"] == ["lm_head"]  # tied head: see test below
     assert set(s.neuron_config) <= neuron.NXDI_NEURON_CONFIG_KEYS
+
+
+def test_nxdi_int8_keeps_the_lm_head_in_float(tmp_path):
+    """NxD Inference 0.8 int8 on a tied-embedding model turns an int8 lm_head into zeros (the float embedding is
+    cast .to(int8) at load): every quantized setting keeps lm_head out, and an override that drops it is refused."""
+    nc = helpers.NeuronConfig(quant={"quant_dtype": "s8"})
+    for method in ("per_channel_symmetric", "per_tensor_symmetric"):
+        kw = neuron.neuron_quant_settings("nxdi", method, "f32", tmp_path)
+        s = neuron.neuron_settings("nxdi", **kw)
+        assert s.neuron_config["modules_to_not_convert"] == ["lm_head"], method
+    s = neuron.neuron_settings("nxdi", neuron_config=nc, quantized_checkpoints_path=tmp_path / "q",
+                               nxdi_overrides={"modules_to_not_convert": ["layers.0", "lm_head"]})
+    assert s.neuron_config["modules_to_not_convert"] == ["layers.0", "lm_head"]
+    with pytest.raises(ValueError, match="quantizes lm_head"):
+        neuron.neuron_settings("nxdi", neuron_config=nc, quantized_checkpoints_path=tmp_path / "q",
+                               nxdi_overrides={"modules_to_not_convert": ["layers.0"]})
+    assert "modules_to_not_convert" not in neuron.neuron_settings("nxdi").neuron_config
 
 
 def test_nxdi_gqa_choice_is_reported_not_dropped():

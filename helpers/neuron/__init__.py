@@ -10,7 +10,7 @@ The SDK itself is imported only inside the functions that call it: this package 
 - ``sampler``: ``NeuronSampler.sample()`` with the reference engine's signature on both stacks
 """
 from .build import (build_neuron_model, check_nxdi_compiled_dir, default_compiled_dir, neuron_model_dir,
-                    read_hf_config)
+                    nxdi_generation_adapter, read_hf_config)
 from .runtime import (FAMILIES, STACK_NAMES, STACKS, check_tp_degree, check_visible_cores, configure_neuron_runtime,
                       detect_instance_family, installed_stacks, library_version, neuron_runtime_env, omp_threads_for)
 from .sampler import NeuronSampler, finish_rows, greedy_token_acceptor, left_to_right_padding, start_ids_from_mask
@@ -18,7 +18,7 @@ from .settings import (NEURON_QUANT_MODES, NXDI_NEURON_CONFIG_KEYS, NeuronSettin
                        neuron_settings)
 
 __all__ = ["build_neuron_model", "check_nxdi_compiled_dir", "default_compiled_dir", "neuron_model_dir",
-           "read_hf_config", "FAMILIES", "STACK_NAMES", "STACKS", "check_tp_degree", "check_visible_cores",
+           "nxdi_generation_adapter", "read_hf_config", "FAMILIES", "STACK_NAMES", "STACKS", "check_tp_degree", "check_visible_cores",
            "configure_neuron_runtime", "detect_instance_family", "installed_stacks", "library_version",
            "neuron_runtime_env", "omp_threads_for", "NeuronSampler", "finish_rows", "greedy_token_acceptor",
            "left_to_right_padding", "start_ids_from_mask", "NEURON_QUANT_MODES", "NXDI_NEURON_CONFIG_KEYS",

@@ -170,7 +170,7 @@ def _build_nxdi(path: str, model_type: str, ns: NeuronSettings, compiled_dir: st
     from neuronx_distributed_inference.models.config import NeuronConfig
     from neuronx_distributed_inference.models.llama.modeling_llama import (LlamaInferenceConfig,
                                                                            NeuronLlamaForCausalLM)
-    from neuronx_distributed_inference.utils.hf_adapter import HuggingFaceGenerationAdapter, load_pretrained_config
+    from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
 
     refuse_unknown(ns.neuron_config, NXDI_NEURON_CONFIG_KEYS, "NxD Inference NeuronConfig")
     with _fail_on_unexpected_keywords():
@@ -186,7 +186,24 @@ def _build_nxdi(path: str, model_type: str, ns: NeuronSettings, compiled_dir: st
     else:
         model.compile(compiled_dir)
     model.load(compiled_dir)
-    return HuggingFaceGenerationAdapter(model)
+    return nxdi_generation_adapter()(model)
+
+
+def nxdi_generation_adapter():
+    """NxD Inference's ``HuggingFaceGenerationAdapter`` with the workaround for 0.8's ``generate()`` bug (the class;
+    the draft model of assisted decoding is wrapped in it too, since its ``prepare_inputs_for_generation`` is called)."""
+    from neuronx_distributed_inference.utils import hf_adapter
+
+    class GenerationAdapter(hf_adapter.HuggingFaceGenerationAdapter):
+        # NxD Inference 0.8 (SDK 2.28) bug: prepare_inputs_for_generation reads a name it never defines,
+        # tensor_capture_hook (NameError in every generate()); fixed in 2.29 (aws-neuron/neuronx-distributed-inference#136).
+        def prepare_inputs_for_generation(self, *args, **kwargs):
+            hf_adapter.tensor_capture_hook = None  # the module global 0.8 reads; 2.29 reads its own local
+            inputs = super().prepare_inputs_for_generation(*args, **kwargs)
+            inputs.pop("tensor_capture_hook", None)  # 0.8's forward has no such parameter (2.29's defaults it to None)
+            return inputs
+
+    return GenerationAdapter
 
 
 def _json_value(value):

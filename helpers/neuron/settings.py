@@ -221,13 +221,23 @@ def neuron_settings(stack: str, *, batch_size: int = 1, n_positions=2048, tp_deg
                              "(a directory or .pt file; build_neuron_model creates it when missing)")
         ncfg.update(quantized=True, quantized_checkpoints_path=str(quantized_checkpoints_path),
                     quantization_type="per_channel_symmetric",
-                    quantization_dtype=NXDI_QUANT_DTYPE[qfields.get("quant_dtype", "s8")])
+                    quantization_dtype=NXDI_QUANT_DTYPE[qfields.get("quant_dtype", "s8")],
+                    # NxD Inference 0.8 quantizes every Linear not named here, lm_head included. On a model with
+                    # tied embeddings (SmolLM2) the loader then puts the float embedding into the int8 lm_head
+                    # and ModelBuilder.cast_weights casts it .to(int8) with only a log warning: nearly all zeros,
+                    # meaningless logits (application_base.py get_state_dict, neuronx-distributed
+                    # trace/model_builder.py cast_weights). Keep the LM head in float.
+                    modules_to_not_convert=["lm_head"])
     if speculation_length:
         ncfg["speculation_length"] = speculation_length + 1  # the library's k: drafts + 1 (see NeuronSettings)
     overrides = dict(nxdi_overrides or {})
     refuse_unknown(overrides, NXDI_NEURON_CONFIG_KEYS, "nxdi_overrides (NxD Inference NeuronConfig)")
     ncfg.update(overrides)
     refuse_unknown(ncfg, NXDI_NEURON_CONFIG_KEYS, "NxD Inference NeuronConfig")
+    if ncfg.get("quantized") and not any(key in "lm_head" for key in ncfg.get("modules_to_not_convert") or []):
+        raise ValueError(f"modules_to_not_convert={ncfg.get('modules_to_not_convert')!r} quantizes lm_head: on a model "
+                         "with tied embeddings NxD Inference 0.8 loads the float embedding into the int8 head "
+                         "(cast to int8: nearly all zeros). Keep 'lm_head' in modules_to_not_convert")
     return NeuronSettings("nxdi", {}, ncfg, None, speculation_length, notes)
 
 

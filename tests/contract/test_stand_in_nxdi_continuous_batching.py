@@ -109,8 +109,9 @@ def test_a_full_batch_out_of_order_is_refused(model):
 
 def test_the_generate_adapter_on_a_continuous_batching_model(env, model):
     """HuggingFaceGenerationAdapter passes no seq_ids (0..n-1 by default): each prompt is encoded into its own row,
-    then every row decodes at its own position (right padding, the NxDI default)."""
-    from neuronx_distributed_inference.utils.hf_adapter import HuggingFaceGenerationAdapter
+    then every row decodes at its own position (right padding, the NxDI default). generate() needs the workaround
+    for 0.8's tensor_capture_hook NameError (helpers.neuron.nxdi_generation_adapter; test_stand_in_nxdi.py)."""
+    from helpers.neuron import nxdi_generation_adapter
 
     prompts = [torch.tensor([5, 9, 33, 7, 1, 80, 12]), torch.tensor([44, 3]), torch.tensor([8, 8, 100, 4])]
     ids = torch.zeros(SLOTS, 7, dtype=torch.long)
@@ -118,8 +119,8 @@ def test_the_generate_adapter_on_a_continuous_batching_model(env, model):
     for r, p in enumerate(prompts):
         ids[r, :len(p)], mask[r, :len(p)] = p, 1
     model.reset()
-    out = HuggingFaceGenerationAdapter(model).generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False,
-                                                       eos_token_id=None, pad_token_id=0)
+    out = nxdi_generation_adapter()(model).generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False,
+                                                    eos_token_id=None, pad_token_id=0)
     for r, p in enumerate(prompts):
         ref = env["alone"].sample(p[None], len(p) + 5, top_k=1, eos_token_override=[])[0, len(p):]
         assert out[r, 7:].tolist() == ref.tolist()

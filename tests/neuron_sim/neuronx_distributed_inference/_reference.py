@@ -14,6 +14,25 @@ sits at cache slot ``p + start_r``. A step whose attention_mask has M columns wr
 ``start_r = M - position_r`` maps each row's NxDI position onto it (M and every position advance together,
 so the mapping is the same at every step).
 
+int8 and the LM head, as published (the path a tied-embedding model such as SmolLM2 takes):
+
+- the quantized checkpoint holds every nn.Linear of the HF model as int8 + scale, ``lm_head`` included: torch's
+  ``quantize_dynamic`` for ``per_tensor_symmetric`` converts every Linear, ``per_channel_symmetric`` every Linear
+  whose name contains no ``modules_to_not_convert`` entry (neuronx-distributed v2.28.0
+  quantization/quantization_utils.py), and ``NeuronBaseForCausalLM.prepare_quantized_state_dict`` adds
+  ``lm_head.weight`` / ``lm_head.scale`` (models/model_base.py ~3235 at cd3abf3);
+- the model's ``lm_head`` is an int8 ``QuantizedColumnParallel`` unless a ``modules_to_not_convert`` entry is a
+  substring of ``"lm_head"`` (``convert(...)`` in models/model_wrapper.py ~1521-1527; neuronx-distributed
+  quantization/quantize.py ``_convert_initialized_float_to_initialized_quantized``);
+- at load ``get_state_dict`` puts the float embedding into ``lm_head.weight`` when ``tie_word_embeddings``
+  (models/application_base.py ~729, llama/modeling_llama.py ~1569), and ``ModelBuilder.cast_weights``
+  (neuronx-distributed trace/model_builder.py ~786-800) casts every checkpoint tensor whose dtype differs from
+  the parameter's with ``.to(param.dtype)`` and only a log warning: the float embedding becomes int8 by
+  truncation (nearly all zeros), multiplied by the int8 head's scale. An int8 checkpoint head in a float
+  ``lm_head`` is cast the other way, without its scale.
+
+:func:`device_lm_head` computes that head; the engine then runs with it (an explicit, untied ``lm_head``).
+
 Refused with ContractError, because the release computes wrong tokens there without a word:
 ``padding_side='left'`` (the first token comes from the context bucket's last, padded position), a left-padded
 batch with ``padding_side='right'``, and a token-generation step whose mask already fills the largest bucket
@@ -42,7 +61,45 @@ def _amp(dtype) -> str:
     return AMP[dtype]
 
 
-def _quant_config(neuron_config, path=None):
+def _not_converted(neuron_config, name: str) -> bool:
+    """neuronx-distributed's rule for a module name: kept in float when any ``modules_to_not_convert`` entry is a
+    *substring* of it (quantize.py ``any(key in ".".join(prefixes) ...)``; quantization_utils.py
+    ``_normalize_modules_to_not_convert_paths``: ``module in name``)."""
+    return any(key in name for key in (neuron_config.modules_to_not_convert or []))
+
+
+def lm_head_converted(neuron_config) -> bool:
+    """The model's lm_head is an int8 QuantizedColumnParallel (model_wrapper.py convert(...))."""
+    return bool(neuron_config.quantized) and not _not_converted(neuron_config, "lm_head")
+
+
+def lm_head_quantized_in_checkpoint(neuron_config) -> bool:
+    """generate_quantized_state_dict writes lm_head as int8 + scale: per_tensor_symmetric converts every Linear
+    (modules_to_not_convert is not passed to it), per_channel_symmetric honours modules_to_not_convert."""
+    if neuron_config.quantization_type == "per_tensor_symmetric":
+        return True
+    return not _not_converted(neuron_config, "lm_head")
+
+
+def device_lm_head(neuron_config, state_dict: dict):
+    """The LM head the device computes with after ``ModelBuilder.cast_weights`` (float, [vocab, hidden]), or None
+    when it is the checkpoint's float head (or, tied, the embedding) unchanged."""
+    w = state_dict.get("lm_head.weight")
+    if w is None:
+        return None
+    if lm_head_converted(neuron_config):
+        scale = state_dict.get("lm_head.scale")
+        if scale is None:
+            raise NotImplementedError("stand-in: an int8 lm_head with no lm_head.scale in the checkpoint")
+        q = w if w.dtype == torch.int8 else w.to(torch.int8)  # cast_weights: truncation, no scaling
+        scale = scale.float()
+        return q.float() * (scale.reshape(-1, 1) if scale.numel() > 1 else scale.reshape(()))
+    if w.dtype == torch.int8:
+        return w.to(torch.float32)  # cast_weights into the float head: the int8 values, without their scale
+    return None
+
+
+def _quant_config(neuron_config, path=None, n_layers: int = 0):
     from helpers.engine.quant import QuantizationConfig
 
     if str(neuron_config.quantization_dtype).lower() != "int8":
@@ -52,9 +109,15 @@ def _quant_config(neuron_config, path=None):
     for name in neuron_config.modules_to_not_convert or []:
         parts = name.split(".")
         if name == "lm_head":
-            continue  # the reference engine keeps lm_head in float anyway
-        if len(parts) in (2, 3) and parts[-2] == "layers" and parts[-1].isdigit():
-            layers.append(f"model.layers.{parts[-1]}")
+            continue  # device_lm_head
+        if len(parts) == 2 and parts[0] == "layers" and parts[1].isdigit():
+            if neuron_config.quantization_type == "per_tensor_symmetric":
+                raise NotImplementedError(
+                    f"stand-in: modules_to_not_convert={name!r} with per_tensor_symmetric: the release's checkpoint "
+                    "quantizes those layers anyway and cast_weights would load their int8 values into float layers "
+                    "without their scales (not emulated)")
+            # a substring: 'layers.1' keeps layers 1 and 10-19 in float (the model's names are layers.<i>.<...>)
+            layers += [f"model.layers.{i}" for i in range(n_layers) if name in f"layers.{i}."]
         else:
             raise NotImplementedError(f"stand-in: modules_to_not_convert entry {name!r}: the reference engine "
                                       "can keep whole layers ('layers.N') or lm_head unquantized, nothing finer")
@@ -69,8 +132,16 @@ def quantize_state_dict(model_path: str, config) -> dict:
     from helpers.model_store import load_state_dict
     from helpers.engine.quant import quantize_tensor
 
-    quant = _quant_config(config.neuron_config)
+    quant = _quant_config(config.neuron_config, n_layers=config.num_hidden_layers)
     state = load_state_dict(model_path)
+    if lm_head_quantized_in_checkpoint(config.neuron_config):
+        # The HF model's lm_head (the embedding itself when tied) is an nn.Linear: quantized with the rest.
+        head = state.get("lm_head.weight", state.get("model.embed_tokens.weight"))
+        q, scale = quantize_tensor(head, quant)
+        state = {k: v for k, v in state.items() if k != "lm_head.weight"}
+        state["lm_head.weight"], state["lm_head.scale"] = q.contiguous(), scale
+    else:  # prepare_quantized_state_dict writes lm_head's state dict either way (the tied tensor when tied)
+        state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
     out = {}
     for name, t in state.items():
         key = name[len("model."):] if name.startswith("model.") else name
@@ -103,12 +174,17 @@ class ReferenceRuntime:
         self.padding_side = nc.padding_side
         self._tmp = tempfile.TemporaryDirectory(prefix="nxdi-stand-in-")
         model_path, quant_file = app.model_path, None
+        loaded = state_dict if state_dict is not None else quantized_state_dict
+        head = device_lm_head(nc, loaded) if loaded is not None else None
+        if head is not None:  # the LM head cast_weights leaves (see the module docstring): an explicit lm_head
+            state_dict = {k: v for k, v in loaded.items() if k not in ("lm_head.weight", "lm_head.scale")}
+            state_dict["lm_head.weight"] = head
         if state_dict is not None:
-            model_path, quant_file = self._write_checkpoint(app, state_dict)
+            model_path, quant_file = self._write_checkpoint(app, state_dict, untied=head is not None)
         elif quantized_state_dict is not None:
             quant_file = self._write_quant_file(app, {k: v for k, v in quantized_state_dict.items()
                                                       if v.dtype == torch.int8 or k.endswith(".scale")})
-        quant = _quant_config(nc, quant_file) if nc.quantized else None
+        quant = _quant_config(nc, quant_file, app.config.num_hidden_layers) if nc.quantized else None
         if nc.is_prefix_caching:  # the engine only lends its weights to the block KV cache (_prefix_caching.py)
             ctx, tkg = [nc.max_context_length], [nc.max_length]
         else:
@@ -134,12 +210,15 @@ class ReferenceRuntime:
     def _engine_batch_size(self, nc) -> int:
         return nc.batch_size
 
-    def _write_checkpoint(self, app, sd: dict):
-        """A state dict (NxDI names) -> a checkpoint directory the engine reads (+ its int8 projections file)."""
+    def _write_checkpoint(self, app, sd: dict, untied: bool = False):
+        """A state dict (NxDI names) -> a checkpoint directory the engine reads (+ its int8 projections file).
+        ``untied``: ``lm_head.weight`` is the head the device computes with (device_lm_head), not the embedding."""
         from safetensors.torch import save_file
 
         d = Path(self._tmp.name)
         cfg = json.loads((Path(app.model_path) / "config.json").read_text())
+        if untied:
+            cfg["tie_word_embeddings"] = False
         (d / "config.json").write_text(json.dumps(cfg))
         floats, int8 = {}, {}
         for k, v in sd.items():
@@ -169,7 +248,8 @@ class ReferenceRuntime:
             raise NotImplementedError("stand-in: int8 weights in a config with quantized=False")
         f = Path(self._tmp.name) / "quantized" / "model.safetensors"
         f.parent.mkdir(exist_ok=True)
-        meta = {"format": "pt", "quantization": json.dumps(_meta(_quant_config(app.neuron_config)))}
+        meta = {"format": "pt", "quantization": json.dumps(_meta(_quant_config(app.neuron_config, None,
+                                                                               app.config.num_hidden_layers)))}
         save_file({k: v.contiguous() for k, v in int8.items()}, str(f), metadata=meta)
         return str(f)
 

@@ -77,7 +77,7 @@ def _read_config(path):
     return cfg
 
 
-class HFConfig:
+class _HFConfig:
     """What ``AutoConfig.from_pretrained`` hands the model classes: config.json as attributes, with the
     transformers defaults for omitted keys (read here without transformers, so it behaves the same under
     the pinned 4.47 and under transformers 5)."""
@@ -92,8 +92,8 @@ class HFConfig:
         return dict(self.__dict__)
 
 
-def auto_config(path) -> HFConfig:
-    return HFConfig(_read_config(path))
+def _auto_config(path) -> _HFConfig:
+    return _HFConfig(_read_config(path))
 
 
 def _sanity_check(**kwargs):
@@ -115,6 +115,10 @@ def _sanity_check(**kwargs):
         expected_batch_size = kwargs.get("batch_size")
         assert batch_size_for_shared_caches == expected_batch_size, \
             f"invalid batch_size_for_shared_caches ({batch_size_for_shared_caches}), {expected_batch_size} is expected"
+        if bsh_cache_layout and not neuron_config.continuous_batching.optimized_paged_attention:
+            assert isinstance(n_positions, list) and len(n_positions) == 1
+            assert isinstance(context_length_estimate, list) and len(context_length_estimate) == 1, \
+                "BSH cache layout does not support multi-bucketing"
     else:
         assert not bsh_cache_layout, "BSH cache layout can only be configured with continuous batching."
 
@@ -179,7 +183,7 @@ class NeuronModelBase(torch.nn.Module):
     @classmethod
     def from_pretrained(cls, pretrained_model_path, *model_args, **kwargs):
         _sanity_check(**kwargs)
-        config = auto_config(pretrained_model_path)
+        config = _auto_config(pretrained_model_path)
         model = cls(config, *model_args, **kwargs)
         if getattr(config, 'is_presharded_checkpoint', False):
             model._using_presharded_weights = pretrained_model_path

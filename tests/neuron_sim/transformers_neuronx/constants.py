@@ -16,10 +16,8 @@ class Layout(enum.Enum):
     BSH = 'BSH'
     SBH = 'SBH'
 
-    def __eq__(self, value):  # the real Layout compares equal to its string value
+    def __eq__(self, value):  # compares equal to its string value; defining __eq__ alone leaves it unhashable
         return super().__eq__(Layout(value))
-
-    __hash__ = enum.Enum.__hash__
 
 
 class GQA(enum.Enum):

@@ -1,7 +1,7 @@
 """Stand-in of ``src/transformers_neuronx/modeling_auto.py`` at aws-neuron/transformers-neuronx v0.13.0
 (commit f4e3818): dispatch on the checkpoint's model type. The source maps transformers' config classes
 first, then falls back to ``config.model_type``; config.json's ``model_type`` is read directly here."""
-from transformers_neuronx.base import auto_config
+from transformers_neuronx.base import _auto_config
 from transformers_neuronx.llama.model import LlamaForSampling
 from transformers_neuronx.mistral.model import MistralForSampling
 
@@ -17,7 +17,7 @@ class NeuronAutoModelForCausalLM:
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        config = auto_config(pretrained_model_name_or_path)
+        config = _auto_config(pretrained_model_name_or_path)
 
         if hasattr(config, "model_type"):
             model_type = config.model_type

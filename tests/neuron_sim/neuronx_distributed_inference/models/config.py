@@ -18,6 +18,7 @@ the warning and drops them there, so the stand-in does the same for those names.
 Hardware queries of neuronx-distributed / torch-neuronx (``get_platform_target``) answer as an inf2 /
 trn1 instance does (logical NeuronCore config 1).
 """
+import enum
 import inspect
 import json
 import logging
@@ -87,8 +88,79 @@ NEURON_CONFIG_DERIVED = frozenset({
     'enable_long_context_mode',
 })
 
-# neuronx_distributed.quantization.quantization_config.QuantizedDtype names (matched upper-cased).
-QUANTIZED_DTYPES = ("INT8", "F8E4M3", "F8E4M3FN", "F8E5M2")
+# neuronx_distributed/quantization/quantization_config.py at neuronx-distributed v2.28.0 (what config.py imports
+# from it), transcribed: the enums with their contains-by-value metaclass and KVQuantizationConfig.
+class MyEnumMeta(enum.EnumMeta):
+    def __contains__(cls, item):
+        try:
+            cls(item)
+        except ValueError:
+            return False
+        else:
+            return True
+
+
+class QuantizationType(enum.Enum, metaclass=MyEnumMeta):
+    PER_TENSOR_SYMMETRIC = "per_tensor_symmetric"
+    PER_CHANNEL_SYMMETRIC = "per_channel_symmetric"
+    PER_KEY_SYMMETRIC = "per_key_symmetric"
+    BLOCKWISE_SYMMETRIC = "blockwise_symmetric"
+    EXPERT_WISE_PER_CHANNEL_SYMMETRIC = "expert_wise_per_channel_symmetric"
+
+
+class KVQuantizationConfig:
+    def __init__(self, **kwargs):
+        self.k_quant_method = kwargs.pop("k_quant_method", QuantizationType.PER_TENSOR_SYMMETRIC)
+        self.v_quant_method = kwargs.pop("v_quant_method", QuantizationType.PER_TENSOR_SYMMETRIC)
+        self.quant_dtype = kwargs.pop("quant_dtype", torch.float8_e4m3fn)
+        self.direct_cast = kwargs.pop("direct_cast", True)
+
+        if self.direct_cast:
+            assert self.k_quant_method == QuantizationType.PER_TENSOR_SYMMETRIC and self.v_quant_method == QuantizationType.PER_TENSOR_SYMMETRIC, "When using direct cast both K and V quantization strategies must be PER_TENSOR_SYMMETRIC"
+
+
+class ActivationQuantizationType(enum.Enum, metaclass=MyEnumMeta):
+    DYNAMIC = "dynamic"
+    STATIC = "static"
+    NONE = None
+
+
+def get_float4x4_torch_dtype():
+    if int(os.environ.get("NEURON_FLOAT4X4_IS_FLOAT16", "0")) > 0:
+        return torch.float16
+    else:
+        return torch.uint16
+
+
+class QuantizedDtype(enum.Enum, metaclass=MyEnumMeta):
+    INT8 = torch.int8
+    F8E4M3 = torch.float8_e4m3fn
+    F8E4M3FN = torch.float8_e4m3fn
+    F8E5M2 = torch.float8_e5m2
+
+    F4E2M1FN_X4 = get_float4x4_torch_dtype()
+    F8E4M3FN_X4 = torch.uint32
+    F8E5M2_X4 = torch.uint32
+
+    @classmethod
+    def has_dtype(cls, dtype_string: str) -> None:
+        """Check if the dtype string is a valid QuantizedDtype."""
+        assert dtype_string.upper() in cls.__members__, f"{dtype_string} is not a valid QuantizedDtype."
+
+    @classmethod
+    def get_dtype(cls, dtype_string: str) -> torch.dtype:
+        """Return the value for the given dtype string (in uppercase) if it exists."""
+        QuantizedDtype.has_dtype(dtype_string=dtype_string)
+        return cls[dtype_string.upper()].value
+
+
+# Saved configs name these classes by their home module (to_dict writes __module__): keep neuronx-distributed's.
+for _cls in (QuantizationType, KVQuantizationConfig, ActivationQuantizationType, QuantizedDtype):
+    _cls.__module__ = "neuronx_distributed.quantization.quantization_config"
+
+
+def validate_activation_quantization_type(type: str):
+    assert type in ActivationQuantizationType, f"Unsupported activation quantization type: {type}"
 
 
 def to_torch_dtype(dtype_str: str) -> torch.dtype:
@@ -320,8 +392,12 @@ class NeuronConfig:
         if type(self.chunked_prefill_config) is dict:
             self.chunked_prefill_config = ChunkedPrefillConfig(**self.chunked_prefill_config)
 
-        # KV Quantization (neuronx_distributed KVQuantizationConfig: kept as given)
+        # KV Quantization
         self.kv_quant_config = kwargs.pop("kv_quant_config", None)
+        if type(self.kv_quant_config) is dict:
+            self.kv_quant_config = KVQuantizationConfig(
+                **self.kv_quant_config
+            )
 
         self.is_chunked_prefill = self.chunked_prefill_config is not None
         if self.is_chunked_prefill:
@@ -336,9 +412,36 @@ class NeuronConfig:
                     + " because it concatenates all requests into one" \
                     + " long request"
 
-        # Tensor replacement / capture (debugging features: the stand-in keeps what is given)
-        self.tensor_replacement_config = kwargs.pop("tensor_replacement_config", None)
-        self.tensor_capture_config = kwargs.pop("tensor_capture_config", None)
+        # Tensor replacement for debugging and accuracy verification
+        tensor_replacement_config = kwargs.pop("tensor_replacement_config", None)
+        if isinstance(tensor_replacement_config, dict):
+            self.tensor_replacement_config = TensorReplacementConfig(**tensor_replacement_config)
+        elif isinstance(tensor_replacement_config, TensorReplacementConfig):
+            self.tensor_replacement_config = tensor_replacement_config
+        else:
+            if tensor_replacement_config is not None:  # Only warn if something invalid was passed
+                warnings.warn(
+                    f"tensor_replacement_config should be a TensorReplacementConfig object or dictionary, got {type(tensor_replacement_config)}. "
+                    "Tensor replacemnet will be disabled."
+                )
+            self.tensor_replacement_config = None
+
+        # Tensor capture for debugging and accuracy verification
+        tensor_capture_config = kwargs.pop("tensor_capture_config", None)
+        if isinstance(tensor_capture_config, dict):
+            self.tensor_capture_config = TensorCaptureConfig(**tensor_capture_config)
+        elif isinstance(tensor_capture_config, TensorCaptureConfig):
+            self.tensor_capture_config = tensor_capture_config
+        else:
+            if tensor_capture_config is not None:  # Only warn if something invalid was passed
+                warnings.warn(
+                    f"tensor_capture_config should be a TensorCaptureConfig object or dictionary, got {type(tensor_capture_config)}. "
+                    "Tensor capture will be disabled."
+                )
+            self.tensor_capture_config = None
+
+        # Automatically set output_logits to True if tensor capture is enabled
+        # This is required for tensor capture to work properly
         if self.tensor_capture_config and not self.output_logits:
             logging.info("Setting output_logits=True because tensor capture is enabled")
             self.output_logits = True
@@ -409,6 +512,7 @@ class NeuronConfig:
         self.out_proj_kernel_enabled = kwargs.pop("out_proj_kernel_enabled", False)
         self.activation_quantization_type = kwargs.pop("activation_quantization_type", None)
         if self.activation_quantization_type is not None:
+            validate_activation_quantization_type(self.activation_quantization_type)
             self.fused_qkv = kwargs.pop("fused_qkv", False)
             if self.activation_quantization_type == "STATIC" and self.fused_qkv:
                 raise IncompatibleConfigError("Static quantization is not supported for fused qkv")
@@ -580,9 +684,8 @@ class NeuronConfig:
         if not self.quantized:
             return
         assert self.quantized_checkpoints_path is not None, "quantized_checkpoints_path is required"
-        # QuantizedDtype.has_dtype (neuronx-distributed)
-        assert str(self.quantization_dtype).upper() in QUANTIZED_DTYPES, \
-            f"{self.quantization_dtype} is not a valid QuantizedDtype."
+        # Verification for quantized dtype
+        QuantizedDtype.has_dtype(self.quantization_dtype)
         if self.is_mlp_quantized():
             assert self.quantization_dtype == "f8e4m3"
 
@@ -811,3 +914,83 @@ class ChunkedPrefillConfig:
         self.tkg_model_enabled = kwargs.pop("tkg_model_enabled", True)
         self.kernel_q_tile_size = kwargs.pop("kernel_q_tile_size", 128)
         self.kernel_kv_tile_size = kwargs.pop("kernel_kv_tile_size", 1024)
+
+
+class TensorCaptureConfig:
+    """
+    Configuration class for tensor capture settings.
+
+    This class encapsulates all settings related to tensor capture for debugging
+    and accuracy verification.
+    """
+
+    def __init__(self, **kwargs):
+        # List of module names to capture tensors from
+        self.modules_to_capture = kwargs.pop("modules_to_capture", [])
+
+        # Maximum number of intermediate tensors to capture
+        self.max_intermediate_tensors = kwargs.pop("max_intermediate_tensors", None)
+        # Automatically capture moe tensors for expert stats
+        self.auto_capture_moe_tensors = kwargs.pop("auto_capture_moe_tensors", False)
+
+        # Whether to capture input tensors for the specified modules
+        self.capture_inputs = kwargs.pop("capture_inputs", False)
+
+        # add one max_intermediate_tensors since auto captured moe tensors will be stacked as one single tensor
+        # to ensure fixed shape model output
+        if self.auto_capture_moe_tensors:
+            self.max_intermediate_tensors = self.max_intermediate_tensors + 1 if self.max_intermediate_tensors else 1
+
+        # Validate that if explicit values were provided, at least one capture mechanism is enabled
+        if "modules_to_capture" in kwargs or "max_intermediate_tensors" in kwargs:
+            if not self.modules_to_capture and self.max_intermediate_tensors is None:
+                raise ValueError(
+                    "When configuring tensor capture, at least one of "
+                    "'modules_to_capture' or 'max_intermediate_tensors' must be specified."
+                )
+
+    def get_offset(self):
+        capture_offset = 0
+        if self.modules_to_capture:
+            capture_offset = len(self.modules_to_capture)
+            if self.capture_inputs:
+                capture_offset += len(self.modules_to_capture)
+        if self.max_intermediate_tensors:
+            capture_offset += self.max_intermediate_tensors
+        return capture_offset
+
+
+class TensorReplacementConfig:
+    def __init__(self, **kwargs):
+        if "ref_dir" not in kwargs:
+            raise ValueError("Missing required argument: ref_dir")
+        if 'neuron_dir' not in kwargs:
+            raise ValueError("Missing required argument: neuron_dir")
+        if 'tf_map' not in kwargs:
+            raise ValueError("Missing required argument: tf_map")
+        if 'neuron_config' not in kwargs:
+            raise ValueError("Missing required argument: neuron_config")
+
+        self.ref_dir = kwargs.pop("ref_dir", None)
+        if not os.path.isdir(self.ref_dir):
+            raise FileNotFoundError(f"ref_dir does not exist or is not a directory: {self.ref_dir}")
+        self.neuron_dir = kwargs.pop("neuron_dir", None)
+        if not os.path.isdir(self.neuron_dir):
+            raise FileNotFoundError(f"neuron_dir does not exist or is not a directory: {self.neuron_dir}")
+        self.tr_map = kwargs.pop("tf_map", None)
+        if type(self.tr_map) is not dict:
+            raise FileNotFoundError(f"Tensor replacement map is expected to be a dict but got: {type(self.tr_map)}")
+        self.config = kwargs.pop("neuron_config", None)
+        self.module_map = kwargs.pop("module_map", None)
+
+        # The release then registers the map (TensorReplacementRegister.get_instance, RuntimeRegister): not
+        # transcribed, the stand-in raises NotImplementedError there.
+        from neuronx_distributed_inference.utils.tensor_replacement.registry import TensorReplacementRegister
+
+        TensorReplacementRegister.get_instance(
+            ref_dir=self.ref_dir,
+            neuron_dir=self.neuron_dir,
+            tr_map=self.tr_map,
+            config=self.config,
+            ref_equiv_map=self.module_map,
+        )

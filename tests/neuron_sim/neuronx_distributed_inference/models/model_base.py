@@ -94,8 +94,11 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
         return ModelWrapper
 
     def _wrapper(self, new_config, tag):
-        return self.model_wrapper(config=new_config, model_cls=self._model_cls, tag=tag,
-                                  compiler_args=self.get_compiler_args(), application=self)
+        wrapper = self.model_wrapper(config=new_config, model_cls=self._model_cls, tag=tag,
+                                     compiler_args=self.get_compiler_args(), priority_model_idx=(
+                                         None if tag == CONTEXT_ENCODING_MODEL_TAG else 0))
+        wrapper._application = [self]  # stand-in: the reference engine behind the graphs (not a submodule)
+        return wrapper
 
     def enable_context_encoding(self, **model_init_kwargs):
         new_config = copy.deepcopy(self.config)

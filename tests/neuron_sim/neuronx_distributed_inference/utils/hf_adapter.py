@@ -23,10 +23,15 @@ Hugging Face ``GenerationMixin.generate`` of transformers 4.57.1, as on an insta
   target's first token; ``eos_token_id`` None fails there (``torch.tensor(None)``); the draft adapter's model
   is not reset by the target's ``generate`` (utils/accuracy.py calls ``draft_model.reset()`` after each).
 
-One deviation: the pinned ``prepare_inputs_for_generation`` puts ``"tensor_capture_hook": tensor_capture_hook``
-into the model inputs without ever defining that name (``NameError`` on every call as published at cd3abf3;
-2.29 added ``tensor_capture_hook = kwargs.get("tensor_capture_hook", None)`` and the matching ``forward``
-parameter). The stand-in leaves the entry out, as if the shipped 0.8 wheel worked.
+Published bug, reproduced: ``prepare_inputs_for_generation`` puts ``"tensor_capture_hook": tensor_capture_hook``
+into the model inputs and never defines that name, so every ``generate()`` (``_sample`` and
+``_standard_assisted_decoding``, target and draft) raises ``NameError: name 'tensor_capture_hook' is not defined``
+(cd3abf3 utils/hf_adapter.py:313). Defining the name as a module global is not enough: 0.8's
+``NeuronBaseForCausalLM.forward`` has no such parameter and no ``**kwargs`` (``TypeError``). 2.29 (ef2731e) reads
+``kwargs.get("tensor_capture_hook", None)`` and adds the parameter to ``forward``
+(aws-neuron/neuronx-distributed-inference#136). The workaround (helpers/neuron/build.py, the notebooks' NxDI cells):
+subclass the adapter, set ``hf_adapter.tensor_capture_hook = None`` before calling the inherited method and pop the
+entry from its result.
 
 Contract checks (stand-in only): a ``GenerationConfig`` carrying an unknown attribute (a typo that Hugging Face
 keeps silently) raises ContractError. Numbers: the reference engine at tp_degree=1 (models/model_base.py).
@@ -34,7 +39,7 @@ keeps silently) raises ContractError. Numbers: the reference engine at tp_degree
 import copy
 import os
 from types import SimpleNamespace
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 import torch
 from transformers import AutoConfig, GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
@@ -47,6 +52,7 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.modeling_outputs import ModelOutput
 
 import _neuron_contract as contract
+from neuronx_distributed_inference.utils.tensor_replacement.registry import TensorReplacementRegister
 from neuronx_distributed_inference.models.application_base import NeuronApplicationBase
 from neuronx_distributed_inference.models.config import (
     InferenceConfig,
@@ -59,12 +65,6 @@ from neuronx_distributed_inference.modules.generation.sampling import (
     Sampler,
     prepare_sampling_params,
 )
-
-
-class TensorReplacementRegister:  # utils/tensor_replacement/registry.py (not transcribed)
-    @staticmethod
-    def get_instance():
-        raise NotImplementedError("stand-in: tensor replacement is not transcribed")
 
 
 def _refuse_rope_parameters_only(config_dict):
@@ -370,7 +370,7 @@ class HuggingFaceGenerationAdapter(PreTrainedModel, GenerationMixin):
                 "medusa_args": (accepted_indices, current_length, medusa_mask, scatter_index),
                 "sampling_params": sampling_params,
                 "input_capture_hook": input_capture_hook,
-                # "tensor_capture_hook": tensor_capture_hook,  (undefined name at cd3abf3: see the module docstring)
+                "tensor_capture_hook": tensor_capture_hook,  # noqa: F821 (never defined at cd3abf3: NameError)
                 "adapter_ids": adapter_ids
             }
         )

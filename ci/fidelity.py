@@ -1,0 +1,654 @@
+"""Fidelity check of the Neuron stand-ins (tests/neuron_sim) against the pinned sources, read at run time.
+
+    NXDI_SRC=/path/neuronx-distributed-inference  (checkout of cd3abf3, NxD Inference 0.8 / SDK 2.28.0)
+    NXD_SRC=/path/neuronx-distributed             (checkout of v2.28.0: its pure-Python modules are loaded)
+    TNX_SRC=/path/transformers-neuronx            (checkout of v0.13.0, f4e3818)
+    python ci/fidelity.py [--nxdi-python .venv-neuron-nxdi/bin/python] [--tnx-python .venv-neuron-tnx/bin/python]
+
+(a) Runs the pinned NxD Inference unit tests whose subject the stand-ins reproduce (``UNIT_TESTS``: autobucketing,
+    2-D bucketing, prefix-caching bucket selection, model wrapper, input truncation, config, sampling) with the
+    stand-in package importable as ``neuronx_distributed_inference``, under the lane's Python. Tests about what the
+    stand-ins do not reproduce are listed in ``OUT_OF_SCOPE`` with the reason; they run, and are reported, but
+    do not count.
+(b) Runs the same probes (``probes_nxdi`` / ``probes_tnx``: generated inputs to the transcribed pure-Python
+    functions) once against the pinned modules and once against the stand-ins, each in its own process, and
+    compares every outcome (value, or exception type and message). A difference is *declared* when a row of the
+    deviation table (tests/neuron_sim/deviations.py) names the probe in ``probes``; every other difference fails.
+
+Nothing of the pinned sources is stored in this repository. Heavy imports of the pinned modules (torch_neuronx,
+torch_xla, neuronxcc, the parts of neuronx_distributed that need them) are replaced by inert stubs inside the
+child processes of this script only. Exit status: 0 when every in-scope pinned test passes and no undeclared
+divergence is found; 1 otherwise; a stack whose checkout is absent is skipped with a message (exit 0), so CI can
+run offline.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STAND_INS = REPO / "tests" / "neuron_sim"
+
+UNIT_TESTS = [
+    "test/unit/modules/test_autobucketing.py",
+    "test/unit/modules/test_2d_bucketing.py",
+    "test/unit/models/test_prefix_caching_bucket_selection.py",
+    "test/unit/models/test_model_wrapper.py",
+    "test/unit/models/test_input_truncation.py",
+    "test/unit/models/test_config.py",
+    "test/unit/modules/generation/test_sampling.py",
+]
+
+# Pinned unit tests about features the stand-ins do not reproduce (regular expression on the test id -> reason).
+OUT_OF_SCOPE = {
+    r"test_sampling\.py::TestSampling::": "on-device sampling traced with parallel_model_trace on XLA (not reproduced)",
+    r"test_sampling\.py::TestSamplerMultinomialEdgeCases": "on-device multinomial kernel path (XLA; not reproduced)",
+    r"test_sampling\.py::test_cumsum": "NKI cumsum kernel (not reproduced)",
+    r"test_model_wrapper\.py::test_(compiler_args_by_tag|custom_compiler_args|token_generation_tiling_factor|"
+    r"fused_speculation_tiling_factor|vectorize_strided_dma_\w+|long_context_mode|scratchpad_page_size|"
+    r"block_kv_layout_flags|context_encoding_optimization|vision_encoder_optimization|other_models_get_o2|"
+    r"spill_reload_dge|target_flag|layer_boundary_markers|quantization_f8e4m3|kv_cache_quant|"
+    r"output_completion_notifications|hlo2tensorizer_always_present|quantization_flags)":
+        "neuronx-cc compiler arguments (the stand-ins compile nothing)",
+    r"test_model_wrapper\.py::test_convert_int64_to_int32": "XLA input conversion for tracing (not reproduced)",
+    r"test_model_wrapper\.py::test_tensor_replacement_config_padding": "tensor replacement (not transcribed)",
+    r"test_model_wrapper\.py::test_batch_bucketing_\w+": "batch bucketing (token_generation_batches; not transcribed)",
+    r"test_2d_bucketing\.py::TestAsync2DTokenGenBucketing": "async-mode 2-D token-generation buckets (async_mode is "
+                                                            "not transcribed)",
+    r"test_autobucketing\.py::test_generate_buckets_for_chunked_prefill\w*": "chunked prefill (not transcribed)",
+    r"test_autobucketing\.py::test_generate_buckets_on_chunk_size": "chunked prefill (not transcribed)",
+    r"test_autobucketing\.py::test_generate_buckets_for_fused_spec": "fused speculation (not transcribed)",
+    r"test_autobucketing\.py::test_generate_buckets_for_tkg_batch_bucketing\w*": "batch bucketing (not transcribed)",
+    r"test_config\.py::test_(validate_chunked_attention_config|serialize_deserialize_inference_config_with_nested_"
+    r"lora_config|serialize_deserialize_inference_config_with_nested_chunked_prefill_config|serialize_deserialize_"
+    r"inference_config_with_fused_spec_config\w*|multi_modal_preloaded_pretrained_config|get_text_config_multi_modal|"
+    r"serialize_deserialize_mllama_inference_config|get_draft_neuron_class|router_config\w*|serialize_deserialize_"
+    r"moe_neuron_config\w*|valid_cp_dp_configurations|invalid_cp_tp_configuration|invalid_cp_dp_configuration|"
+    r"inference_config_from_json_string_invalid_fused_spec_worker_cls)":
+        "LoRA, chunked prefill/attention, fused speculation, multi-modal (mllama), MoE router and context/data "
+        "parallel configs (not transcribed)",
+    r"test_config\.py::TestGetPlatformLNC": "trn2 logical NeuronCores (the stand-in answers as inf2/trn1)",
+    r"test_config\.py::test_neuron_config_lnc": "trn2 logical NeuronCores (the stand-in answers as inf2/trn1)",
+}
+
+# ------------------------------------------------------------------------------------------ stubs (children only)
+STUB_ROOTS = ("torch_neuronx", "torch_xla", "neuronxcc", "libneuronxla", "nki", "neuronx_distributed")
+OVERRIDES = {"torch_neuronx.utils": {"get_platform_target": lambda: "trn1"}}
+
+
+class _StubMeta(type):
+    def __call__(cls, *args, **kwargs):
+        if cls.__dict__.get("_stub_leaf") and len(args) == 1 and not kwargs and callable(args[0]):
+            return args[0]  # a stub used as a decorator (nki_jit, ...): keep the function
+        return super().__call__(*args, **kwargs)
+
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _stub_class(f"{cls.__name__}.{name}")
+
+    def __getitem__(cls, item):
+        return cls
+
+    def __iter__(cls):
+        return iter(())
+
+    def __or__(cls, other):
+        return cls
+
+    __ror__ = __or__
+
+
+class _Stub(metaclass=_StubMeta):
+    """An inert stand-in for anything a heavy import provides: callable, subclassable, attribute-rich."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __call__(self, *args, **kwargs):
+        if len(args) == 1 and callable(args[0]) and not kwargs:
+            return args[0]  # a decorator: keep the function
+        return _Stub()
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Stub()
+
+    def __iter__(self):
+        return iter(())
+
+    def __mro_entries__(self, bases):
+        return (_stub_class("base"),)
+
+
+def _stub_class(name):
+    return _StubMeta(name.rsplit(".", 1)[-1], (_Stub,), {"__qualname__": name, "_stub_leaf": True})
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = _stub_class(f"{self.__name__}.{name}")
+        setattr(self, name, value)
+        return value
+
+
+def _as_stub(module):
+    module.__class__ = _StubModule
+    module.__dict__.setdefault("__path__", [])
+    for k, v in OVERRIDES.get(module.__name__, {}).items():
+        setattr(module, k, v)
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, file=None, package_dir=None):
+        self.file, self.package_dir = file, package_dir
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        if self.package_dir is not None:  # a package of the real source: its __init__ is not executed
+            module.__path__ = [str(self.package_dir)]
+            module.__class__ = _StubModule
+            return
+        if self.file is None:
+            _as_stub(module)
+            return
+        try:
+            code = compile(Path(self.file).read_text(), str(self.file), "exec")
+            exec(code, module.__dict__)
+        except Exception:  # noqa: BLE001 - a module that needs what is not here becomes a stub
+            _as_stub(module)
+
+
+class _HeavyFinder(importlib.abc.MetaPathFinder):
+    """torch_neuronx, torch_xla, neuronxcc, ...: stubs; neuronx_distributed: its real pure-Python modules from
+    NXD_SRC where they import, stubs elsewhere."""
+
+    def __init__(self, nxd_src=None, extra_stubs=()):
+        self.nxd = Path(nxd_src) / "src" if nxd_src else None
+        self.extra = set(extra_stubs)
+
+    def find_spec(self, fullname, path=None, target=None):
+        root = fullname.split(".")[0]
+        if fullname in self.extra:
+            return importlib.machinery.ModuleSpec(fullname, _Loader(), is_package=True)
+        if root not in STUB_ROOTS:
+            return None
+        if root == "neuronx_distributed" and self.nxd is not None:
+            base = self.nxd.joinpath(*fullname.split("."))
+            if base.is_dir():
+                return importlib.machinery.ModuleSpec(fullname, _Loader(package_dir=base), is_package=True)
+            if base.with_suffix(".py").is_file():
+                return importlib.machinery.ModuleSpec(fullname, _Loader(file=base.with_suffix(".py")),
+                                                      origin=str(base.with_suffix(".py")))
+        return importlib.machinery.ModuleSpec(fullname, _Loader(), is_package=True)
+
+
+class _MissingNames(importlib.abc.MetaPathFinder):
+    """Stand-in side of the pinned unit tests: a stand-in module gets a module-level ``__getattr__`` giving stubs
+    for the names it does not transcribe (so a test file imports; the tests using them are out of scope), and a
+    module the stand-in lacks becomes a stub."""
+
+    def __init__(self, package):
+        self.package = package
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not fullname.startswith(self.package + "."):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None:
+            return importlib.machinery.ModuleSpec(fullname, _Loader(), is_package=True)
+        inner = spec.loader
+
+        class Wrapped(importlib.abc.Loader):
+            def create_module(self, s):
+                return inner.create_module(s)
+
+            def exec_module(self, module):
+                inner.exec_module(module)
+                if "__getattr__" not in module.__dict__:
+                    module.__getattr__ = lambda name: (_ for _ in ()).throw(AttributeError(name)) \
+                        if name.startswith("__") else _stub_class(f"{fullname}.{name}")
+
+        spec.loader = Wrapped()
+        return spec
+
+
+def install_stubs(side: str, nxd_src=None, package="neuronx_distributed_inference"):
+    sys.meta_path.insert(0, _HeavyFinder(nxd_src))
+    if side == "stand-in-tests":
+        sys.meta_path.insert(0, _MissingNames(package))
+
+
+# ------------------------------------------------------------------------------------------ probes
+def _outcome(fn):
+    try:
+        value = fn()
+    except BaseException as e:  # noqa: BLE001 - the exception is the outcome
+        return {"raises": type(e).__name__, "message": str(e)[:300]}
+    return {"value": _plain(value)}
+
+
+def _plain(v):
+    import enum
+
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        return {"tensor": v.tolist(), "dtype": str(v.dtype)}
+    if isinstance(v, enum.Enum):
+        return f"{type(v).__name__}.{v.name}"
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    if isinstance(v, torch.dtype):
+        return str(v)
+    return repr(type(v).__name__)
+
+
+def probes_nxdi() -> dict:
+    import copy
+    import logging
+    import warnings
+    from types import SimpleNamespace
+
+    import torch
+
+    logging.disable(logging.CRITICAL)
+    warnings.simplefilter("ignore")
+    from neuronx_distributed_inference.models import config as cfg
+    from neuronx_distributed_inference.models import model_wrapper as mw
+    from neuronx_distributed_inference.modules import autobucketing as ab
+    from neuronx_distributed_inference.modules.attention import gqa
+    from neuronx_distributed_inference.modules.generation import sampling
+    from neuronx_distributed_inference.utils import hf_adapter
+
+    out = {}
+    hf = dict(hidden_size=576, num_attention_heads=9, num_hidden_layers=2, num_key_value_heads=3, vocab_size=1000,
+              pad_token_id=0, max_position_embeddings=2048, rope_theta=100000.0, rms_norm_eps=1e-5,
+              hidden_act="silu")
+
+    def icfg(**kw):
+        return cfg.InferenceConfig(cfg.NeuronConfig(**kw), load_config=lambda self: self.__dict__.update(hf))
+
+    for lo in (1, 2, 3, 100, 128, 129, 512):
+        for hi in (1, 2, 100, 128, 200, 256, 300, 384, 1000, 2048, 4096):
+            out[f"generate_buckets({lo},{hi})"] = _outcome(lambda: ab.generate_buckets(lo, hi))
+    settings = [dict(seq_len=256), dict(seq_len=300, max_context_length=200), dict(seq_len=512, enable_bucketing=True),
+                dict(seq_len=512, enable_bucketing=True, context_encoding_buckets=[64, 128],
+                     token_generation_buckets=[256, 512], max_context_length=128),
+                dict(seq_len=2048, enable_bucketing=True, max_context_length=1024),
+                dict(seq_len=512, enable_bucketing=True, speculation_length=4),
+                dict(seq_len=100, enable_bucketing=True)]
+    for i, kw in enumerate(settings):
+        for fn in ("generate_buckets_for_cte", "generate_buckets_for_tkg", "generate_buckets_for_speculation"):
+            out[f"{fn}#{i}"] = _outcome(lambda: getattr(ab, fn)(icfg(**kw)))
+    for a, b, c, d in [(1, 128, 1, 128), (16, 64, 0, 64), (8, 32, 8, 32), (16, 256, 16, 512)]:
+        out[f"generate_2d_buckets_for_prefix_caching({a},{b},{c},{d})"] = _outcome(
+            lambda: ab.generate_2d_buckets_for_prefix_caching(a, b, c, d, False))
+
+    def wrapper(tag, **kw):
+        w = mw.ModelWrapper(icfg(**kw), None, tag=tag)
+        w.neuron_config.buckets = kw.get("_buckets", [128, 256, 512])
+        return w
+
+    for tag in (mw.CONTEXT_ENCODING_MODEL_TAG, mw.TOKEN_GENERATION_MODEL_TAG, mw.SPECULATION_MODEL_TAG):
+        for trunc in (False, True):
+            for spec in (0, 4):
+                for n in (1, 100, 127, 128, 129, 255, 256, 508, 511, 512, 513, 700):
+                    case = f"[{tag},trunc={trunc},spec={spec},n={n}]"
+
+                    def run(what, tag=tag, trunc=trunc, spec=spec, n=n):
+                        w = wrapper(tag, seq_len=512, max_context_length=512, allow_input_truncation=trunc,
+                                    speculation_length=spec, enable_bucketing=True)
+                        ids = torch.arange(n)[None]
+                        args = (ids, torch.ones_like(ids), ids.clone(), torch.tensor([0]))
+                        if what == "bucket":
+                            return w.get_target_bucket(*args)
+                        with warnings.catch_warnings(record=True) as seen:
+                            warnings.simplefilter("always")
+                            padded = w.pad_inputs(*args)
+                        if what == "shapes":
+                            return [tuple(a.shape) for a in padded[:3]]
+                        return [str(x.message) for x in seen]
+                    for what in ("bucket", "warnings", "shapes"):
+                        out[f"pad_inputs {what}{case}"] = _outcome(lambda: run(what))
+    for q, kv in [(9, 3), (32, 8), (8, 8), (12, 4), (6, 3)]:
+        for tp in (1, 2, 3, 4, 8, 24, 32):
+            out[f"gqa[{q},{kv},tp={tp}]"] = _outcome(lambda: [
+                gqa.determine_sharding_strategy(tp, kv),
+                gqa.get_shardable_head_counts(tp, q, kv, gqa.determine_sharding_strategy(tp, kv))])
+    for bs in (1, 3):
+        for tk, tp_, te in [(1, 1.0, 1.0), (50, 0.9, 0.7), ([1, 5, 7], [1.0, 0.5, 0.2], [1.0, 1.0, 2.0]), (-1, 1.0, 1.0)]:
+            out[f"prepare_sampling_params[{bs},{tk},{tp_},{te}]"] = _outcome(
+                lambda: sampling.prepare_sampling_params(bs, top_k=tk, top_p=tp_, temperature=te))
+    for params in ([[1, 1.0, 1.0]], [[0, 1.0, 1.0]], [[-1, 0.5, 1.0]], [[5, 1.5, 1.0]], [[5, 0.5, 0.0]],
+                   [[5, 0.5, -1.0]], [[2000, 1.0, 1.0]]):
+        for ods in (None, dict(top_k=1), dict(top_k=50, dynamic=True), dict(top_k=1, dynamic=True)):
+            out[f"validate_sampling_params[{params},{ods}]"] = _outcome(lambda: sampling.validate_sampling_params(
+                torch.tensor(params, dtype=torch.float32), None if ods is None else cfg.OnDeviceSamplingConfig(**ods)))
+        out[f"infer_sampling_params[{params}]"] = _outcome(
+            lambda: sampling.infer_sampling_params(torch.tensor(params, dtype=torch.float32)))
+    neuron_configs = [
+        {}, dict(batch_size=2, seq_len=256), dict(tp_degree=3), dict(torch_dtype="float16"),
+        dict(torch_dtype="int8"), dict(quantized=True), dict(quantized=True, quantized_checkpoints_path="q"),
+        dict(quantized=True, quantized_checkpoints_path="q", quantization_dtype="f8e4m3fn_x4"),
+        dict(quantized=True, quantized_checkpoints_path="q", quantization_dtype="int4"),
+        dict(quantized=True, quantized_checkpoints_path="q", quantization_dtype="f8e5m2"),
+        dict(activation_quantization_type="dynamic"), dict(activation_quantization_type="STATIC"),
+        dict(activation_quantization_type="static", fused_qkv=True), dict(kv_cache_quant=True),
+        dict(kv_quant_config={"quant_dtype": torch.float8_e5m2}),
+        dict(kv_quant_config={"direct_cast": True, "k_quant_method": "per_tensor_symmetric"}),
+        dict(tensor_capture_config=["layers.0"]), dict(tensor_replacement_config="x"),
+        dict(speculation_length=4, batch_size=2), dict(padding_side="left"), dict(cast_type="nope"),
+        dict(is_prefix_caching=True), dict(is_prefix_caching=True, is_block_kv_layout=True),
+        dict(enable_bucketing=True, context_encoding_buckets=[64, 128], max_context_length=128, seq_len=256),
+        dict(is_continuous_batching=True, batch_size=4, ctx_batch_size=1), dict(max_context_length=512, seq_len=256),
+        dict(on_device_sampling_config={"top_k": 5}), dict(attention_dtype="float16", torch_dtype="bfloat16"),
+    ]
+    skip = {"_record_calls"}
+    for i, kw in enumerate(neuron_configs):
+        def make(kw=kw):
+            nc = cfg.NeuronConfig(**copy.deepcopy(kw))
+            return {k: v for k, v in sorted(cfg.to_dict(nc).items()) if k not in skip}
+        out[f"NeuronConfig#{i}({sorted(kw)})"] = _outcome(make)
+
+        def roundtrip(kw=kw):
+            with tempfile.TemporaryDirectory() as d:
+                c = icfg(**copy.deepcopy(kw))
+                c.save(d)
+                back = cfg.InferenceConfig.load(d)
+                return back.to_json_string() == c.to_json_string()
+        out[f"InferenceConfig.save/load#{i}({sorted(kw)})"] = _outcome(roundtrip)
+
+    for populated in (False, True):
+        for with_global in (False, True):
+            def prep(populated=populated, with_global=with_global):
+                if with_global:
+                    hf_adapter.tensor_capture_hook = None
+                elif hasattr(hf_adapter, "tensor_capture_hook"):
+                    del hf_adapter.tensor_capture_hook
+                me = SimpleNamespace(
+                    neuron_model=SimpleNamespace(kv_cache_populated=populated, get_required_kwargs=lambda: []),
+                    input_start_offsets=None, neuron_config=SimpleNamespace(tensor_replacement_config=None))
+                ids = torch.tensor([[5, 6, 7, 0], [1, 2, 3, 4]])
+                mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+                r = hf_adapter.HuggingFaceGenerationAdapter.prepare_inputs_for_generation(
+                    me, ids, attention_mask=mask, sampling_params=None)
+                return {k: v for k, v in r.items()}
+            out[f"prepare_inputs_for_generation[populated={populated},global={with_global}]"] = _outcome(prep)
+    return out
+
+
+def _tnx_fn(side: str, name: str):
+    """A tnx function by name: the stand-in's module function, or the pinned definition (nested or a method)."""
+    import ast
+
+    if side == "stand-in":
+        import transformers_neuronx.base as base
+        return getattr(base, name)
+    src = Path(os.environ["TNX_SRC"]) / "src" / "transformers_neuronx"
+    file, qual = {"_sanity_check": ("module.py", "PretrainedModel.from_pretrained._sanity_check"),
+                  "check_gqa_fallback": ("decoder.py", "DecoderLmHeadForSamplingNoEmbedding.check_gqa_fallback")}[name]
+    tree = ast.parse((src / file).read_text())
+    node = tree
+    for part in qual.split("."):
+        node = next(n for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part)
+    import warnings
+
+    import transformers_neuronx.constants as constants
+    import transformers_neuronx.utils as utils
+    scope = {"constants": constants, "utils": utils, "warnings": warnings}
+    exec(compile(ast.Module([node], []), str(src / file), "exec"), scope)
+    return scope[name]
+
+
+def probes_tnx(side: str) -> dict:
+    import itertools
+    import warnings
+
+    import torch
+
+    warnings.simplefilter("ignore")
+    from transformers_neuronx import bucket
+    from transformers_neuronx.config import ContinuousBatchingConfig, GenerationConfig, NeuronConfig, QuantizationConfig
+    from transformers_neuronx.constants import GQA, Layout
+
+    out = {}
+    for n in (1, 64, 128, 129, 200, 256, 300, 2048, [128, 512], [512, 128, 256], [100]):
+        out[f"token_sizes({n})"] = _outcome(lambda: bucket.token_sizes(n))
+        for c in (None, 0, 64, 128, 200, 1024, [64, 128], [128, 64]):
+            out[f"context_sizes({c},{n})"] = _outcome(lambda: bucket.context_sizes(c, bucket.token_sizes(n)))
+    for b in ([128, 256, 512], [64]):
+        for length in (1, 64, 65, 128, 129, 256, 512, 600):
+            out[f"find({b},{length})"] = _outcome(lambda: bucket.find(b, length))
+    sanity = _tnx_fn(side, "_sanity_check")
+    for kw in [dict(), dict(n_positions=128, context_length_estimate=256), dict(n_positions=[128, 512],
+               context_length_estimate=[256]), dict(neuron_config=NeuronConfig(cache_layout=Layout.BSH)),
+               dict(batch_size=2, neuron_config=NeuronConfig(continuous_batching=ContinuousBatchingConfig(
+                   batch_size_for_shared_caches=2), cache_layout=Layout.BSH), n_positions=[256, 512],
+                   context_length_estimate=[128]),
+               dict(batch_size=2, neuron_config=NeuronConfig(continuous_batching=ContinuousBatchingConfig(
+                   batch_size_for_shared_caches=2), cache_layout=Layout.BSH), n_positions=[512],
+                   context_length_estimate=[128]),
+               dict(batch_size=4, neuron_config=NeuronConfig(continuous_batching=ContinuousBatchingConfig(
+                   batch_size_for_shared_caches=2)))]:
+        out[f"_sanity_check({sorted(kw)},{kw.get('n_positions')},{kw.get('batch_size')})"] = _outcome(
+            lambda: sanity(**kw))
+    out["Layout hash"] = _outcome(lambda: hash(Layout.BSH) is not None)
+    out["Layout == str"] = _outcome(lambda: [Layout.BSH == "BSH", Layout.SBH == Layout.HSB])
+    fallback = _tnx_fn(side, "check_gqa_fallback")
+    for gqa, (q, kv), tp, bs in itertools.product([None, GQA.SHARD_OVER_HEADS, GQA.SHARD_OVER_BATCH,
+                                                     GQA.REPLICATED_HEADS, GQA.ALL_GATHER_HEADS],
+                                                    [(9, 3), (32, 8), (8, 8), (12, 1)], (1, 2, 3, 4, 8), ([1], [2, 4])):
+        def run(gqa=gqa, q=q, kv=kv, tp=tp, bs=bs):
+            nc = NeuronConfig(group_query_attention=gqa)
+            if side == "pinned":  # a method reading the decoder's attributes
+                me = type("Decoder", (), {})()
+                me.neuron_config, me.tp_degree, me.batch_size = nc, tp, bs
+                me.n_head, me.n_kv_head, me.attention_head_size = q, kv, 64
+                fallback(me)
+            else:
+                fallback(nc, q, kv, 64, tp, bs)
+            return nc.group_query_attention
+        out[f"check_gqa_fallback[{gqa},{q},{kv},tp={tp},bs={bs}]"] = _outcome(run)
+    for kw in [dict(), dict(quant_dtype="s8", dequant_dtype="f16"), dict(quant_dtype="u8"),
+               dict(quantize_method="per_tensor"), dict(quant_dtype="s8", quantize_method="direct_cast"),
+               dict(quant_dtype="f8e4m3fn", quantize_method="direct_cast")]:
+        out[f"QuantizationConfig({kw})"] = _outcome(lambda: vars(QuantizationConfig(**kw)))
+    for kw in [dict(), dict(fuse_qkv=True), dict(padding_side="right"), dict(on_device_embedding=True),
+               dict(attention_layout="BSH"), dict(group_query_attention="shard-over-heads"),
+               dict(continuous_batching=ContinuousBatchingConfig(batch_size_for_shared_caches=2))]:
+        out[f"NeuronConfig({sorted(kw)})"] = _outcome(lambda: sorted(k for k, v in vars(NeuronConfig(**kw)).items()))
+    for kw in [dict(), dict(top_k=1), dict(top_k=5, top_p=0.9, temperature=0.7, do_sample=True),
+               dict(max_length=10, eos_token_id=[2, 3])]:
+        out[f"GenerationConfig({kw})"] = _outcome(lambda: {k: _plain(v) for k, v in vars(GenerationConfig(**kw)).items()})
+    from transformers_neuronx import speculation
+
+    for seed in range(4):
+        def accept(seed=seed):
+            torch.manual_seed(seed)
+            k, V = 4, 11
+            draft_ids = torch.randint(0, V, (1, k))
+            draft = torch.randn(k, 1, V)
+            target = torch.randn(k + 1, 1, V)
+            torch.manual_seed(100 + seed)
+            return speculation.DefaultTokenAcceptor()(draft_ids, draft, target)
+        out[f"DefaultTokenAcceptor#{seed}"] = _outcome(accept)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ driver
+def _child_env(**extra):
+    env = dict(os.environ)
+    env.update(extra)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _run_probes(python, stack, side, pythonpath, src_env):
+    code = (f"import sys, json; sys.path[:0] = {json.dumps(pythonpath)}; sys.path.insert(0, {str(Path(__file__).parent)!r});"
+            f"import fidelity as f; f.install_stubs({side!r}, {src_env.get('NXD_SRC')!r});"
+            f"r = f.probes_nxdi() if {stack!r} == 'nxdi' else f.probes_tnx({side!r});"
+            "print('@@' + json.dumps(r))")
+    proc = subprocess.run([str(Path(python).absolute()), "-c", code], capture_output=True, text=True, cwd=tempfile.gettempdir(),
+                          env=_child_env(**src_env))
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("@@")), None)
+    if line is None:
+        raise RuntimeError(f"{stack} probes ({side}) produced no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(line[2:])
+
+
+def _stand_in_path(stack):
+    """Only the stack's own stand-in package, as in ci/neuron_sim.sh."""
+    d = Path(tempfile.mkdtemp(prefix=f"fidelity-{stack}-"))
+    pkg = "neuronx_distributed_inference" if stack == "nxdi" else "transformers_neuronx"
+    os.symlink(STAND_INS / pkg, d / pkg)
+    os.symlink(STAND_INS / "_neuron_contract.py", d / "_neuron_contract.py")
+    return [str(d), str(REPO)]
+
+
+def declared_probes(stack):
+    sys.path.insert(0, str(STAND_INS))
+    from deviations import DEVIATIONS
+
+    return [(d["id"], re.compile(p)) for d in DEVIATIONS if d["stack"] == stack for p in d.get("probes", ())]
+
+
+def compare(pinned: dict, stand_in: dict, declared) -> tuple[list, list, list]:
+    """(agreements, declared divergences, undeclared divergences); a divergence is (probe, pinned, stand-in, id)."""
+    agree, known, unknown = [], [], []
+    for key in sorted(set(pinned) | set(stand_in)):
+        a, b = pinned.get(key, {"missing": True}), stand_in.get(key, {"missing": True})
+        if a == b:
+            agree.append(key)
+            continue
+        ids = [i for i, pattern in declared if pattern.search(key)]
+        (known if ids else unknown).append((key, a, b, ids[0] if ids else None))
+    return agree, known, unknown
+
+
+def run_unit_tests(python, nxdi_src, nxd_src):
+    work = Path(tempfile.mkdtemp(prefix="fidelity-unit-"))
+    for rel in UNIT_TESTS:
+        dst = work / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(Path(nxdi_src) / rel, dst)
+    for res in ("test/unit/resources",):
+        if (Path(nxdi_src) / res).is_dir():
+            shutil.copytree(Path(nxdi_src) / res, work / res, dirs_exist_ok=True)
+    (work / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\nimport fidelity\n"
+        f"fidelity.install_stubs('stand-in-tests', {str(nxd_src) if nxd_src else None!r})\n")
+    junit = work / "junit.xml"
+    python = str(Path(python).absolute())
+    pythonpath = os.pathsep.join(_stand_in_path("nxdi"))
+    proc = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(work),
+                           f"--junitxml={junit}", *[str(work / r) for r in UNIT_TESTS]],
+                          capture_output=True, text=True, cwd=work, env=_child_env(PYTHONPATH=pythonpath))
+    if not junit.exists():
+        raise RuntimeError(f"pinned unit tests did not run:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return parse_junit(junit.read_text()), proc.stdout
+
+
+def parse_junit(xml_text: str) -> dict:
+    """test id (file::Class::name) -> 'passed' | 'failed' | 'skipped' (errors count as failed)."""
+    import xml.etree.ElementTree as ET
+
+    results = {}
+    for case in ET.fromstring(xml_text).iter("testcase"):
+        cls = case.get("classname", "")
+        parts = cls.split(".")
+        file_idx = next((i for i, p in enumerate(parts) if p.startswith("test_")), len(parts) - 1)
+        tid = "/".join(parts[:file_idx + 1]) + ".py" + "".join("::" + p for p in parts[file_idx + 1:]) + \
+            "::" + case.get("name")
+        status = "passed"
+        if case.find("failure") is not None or case.find("error") is not None:
+            status = "failed"
+        elif case.find("skipped") is not None:
+            status = "skipped"
+        results[tid] = status
+    return results
+
+
+def classify(results: dict) -> dict:
+    """in-scope passed / failed / skipped, and out-of-scope outcomes with their reason."""
+    report = {"passed": [], "failed": [], "skipped": [], "out_of_scope": []}
+    for tid, status in sorted(results.items()):
+        reason = next((r for pattern, r in OUT_OF_SCOPE.items() if re.search(pattern, tid)), None)
+        if reason:
+            report["out_of_scope"].append((tid, status, reason))
+        else:
+            report[status].append(tid)
+    return report
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nxdi-python", default=str(REPO / ".venv-neuron-nxdi" / "bin" / "python"))
+    ap.add_argument("--tnx-python", default=str(REPO / ".venv-neuron-tnx" / "bin" / "python"))
+    ap.add_argument("--stack", choices=("nxdi", "tnx"), action="append")
+    ap.add_argument("--verbose", action="store_true", help="print every agreement too")
+    args = ap.parse_args(argv)
+    stacks = args.stack or ["nxdi", "tnx"]
+    failures = 0
+    nxd = os.environ.get("NXD_SRC")
+    for stack in stacks:
+        src = os.environ.get("NXDI_SRC" if stack == "nxdi" else "TNX_SRC")
+        python = args.nxdi_python if stack == "nxdi" else args.tnx_python
+        if not src or not Path(src).is_dir():
+            print(f"[{stack}] SKIPPED: set {'NXDI_SRC' if stack == 'nxdi' else 'TNX_SRC'} to a checkout of the pinned "
+                  "source (nothing is downloaded)")
+            continue
+        if stack == "nxdi":
+            results, _ = run_unit_tests(python, src, nxd)
+            rep = classify(results)
+            for tid in rep["failed"]:
+                print(f"[nxdi] pinned unit test FAILED on the stand-in: {tid}")
+            for tid, status, reason in rep["out_of_scope"]:
+                if args.verbose:
+                    print(f"[nxdi] out of scope ({status}): {tid}: {reason}")
+            print(f"[nxdi] pinned unit tests in scope: {len(rep['passed'])} passed, {len(rep['failed'])} failed, "
+                  f"{len(rep['skipped'])} skipped; out of scope: {len(rep['out_of_scope'])} "
+                  f"({sum(s == 'passed' for _, s, _ in rep['out_of_scope'])} of them pass anyway)")
+            failures += len(rep["failed"])
+        src_env = {"NXDI_SRC": src} if stack == "nxdi" else {"TNX_SRC": src}
+        if nxd:
+            src_env["NXD_SRC"] = nxd
+        pinned_path = [str(Path(src) / "src")]
+        pinned = _run_probes(python, stack, "pinned", pinned_path, src_env)
+        stand = _run_probes(python, stack, "stand-in", _stand_in_path(stack), src_env)
+        agree, known, unknown = compare(pinned, stand, declared_probes(stack))
+        if args.verbose:
+            for key in agree:
+                print(f"[{stack}] agrees: {key}")
+        for key, a, b, dev in known:
+            print(f"[{stack}] declared divergence ({dev}): {key}\n    pinned:   {a}\n    stand-in: {b}")
+        for key, a, b, _ in unknown:
+            print(f"[{stack}] UNDECLARED divergence: {key}\n    pinned:   {a}\n    stand-in: {b}")
+        print(f"[{stack}] probes: {len(agree) + len(known) + len(unknown)} compared, {len(agree)} agree, "
+              f"{len(known)} declared divergences, {len(unknown)} undeclared divergences")
+        failures += len(unknown)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
