@@ -189,6 +189,11 @@ class NeuronSampler:
                                   stopping_criteria_list, eos, pad, t0)
         total = time.perf_counter() - t0
         seq, row_new = finish_rows(seq, L, eos, stops.stop_at if stops else [None] * B, pad)
+        # Once every row has stopped, the plain loops end (tnx sample, Hugging Face generate); the speculative ones
+        # run on: tnx's SpeculativeGenerator.sample returns tokens[:, :sequence_length] past an EOS
+        # (speculation.py), and NxDI's assisted loop checks EOS on the last accepted token only. Cut the columns
+        # after the last row's stop, so both give what the plain loop gives.
+        seq = seq[:, :L + max(row_new)]
         self.stats = {"prompt_len": L, "new_tokens": seq.shape[1] - L, "row_new_tokens": row_new,
                       "ttft_s": tracker.times[0] if tracker.times else None,
                       "token_times_s": list(tracker.times), "total_s": total, "pad_token_id": pad}

@@ -184,6 +184,32 @@ def test_entry_point_speculation_is_greedy_and_full_length(stack, contract, tmp_
         spec.sample(enc.input_ids, seq_len, top_k=5, attention_mask=enc.attention_mask)
 
 
+@pytest.mark.parametrize("stack", harness.STACKS)
+def test_entry_point_speculation_stops_at_eos_as_the_plain_loop(stack, contract, tmp_path):
+    """An EOS inside a speculation window: the speculative loops of both libraries run past it (tnx returns
+    tokens[:, :sequence_length], NxDI checks only the last accepted token); helpers gives what the plain loop
+    gives, up to and including the EOS."""
+    import helpers
+    from helpers.prompts import encode_prompts
+    from helpers.engine.speculative import write_truncated_draft
+
+    draft = write_truncated_draft(helpers.resolve_model_path(None), 2, tmp_path / "draft")
+    enc = encode_prompts(helpers.load_tokenizer(), ["Name three colours."], 1)
+    seq_len = enc.input_ids.shape[1] + 14
+    plain = _build(stack, n_positions=128, tp_degree=1)
+    free = plain.sample(enc.input_ids, seq_len, top_k=1, attention_mask=enc.attention_mask,
+                        eos_token_override=[] if stack == "tnx" else [0])
+    stop = int(free[0, enc.input_ids.shape[1] + 5])  # a token the greedy run produces at step 6: the "EOS"
+    first = int((free[0, enc.input_ids.shape[1]:] == stop).nonzero()[0]) + 1
+    expected = plain.sample(enc.input_ids, seq_len, top_k=1, attention_mask=enc.attention_mask,
+                            eos_token_override=[stop])
+    assert expected.shape[1] == enc.input_ids.shape[1] + first
+    spec = _build(stack, n_positions=128, tp_degree=1, draft_model_path=str(draft), speculation_length=4)
+    out = spec.sample(enc.input_ids, seq_len, top_k=1, attention_mask=enc.attention_mask, eos_token_override=[stop])
+    assert torch.equal(out, expected), (out, expected)
+    assert spec.stats["row_new_tokens"] == [first]
+
+
 def test_entry_point_refuses_mistral_on_nxdi(contract, tmp_path):
     import json
     import shutil
