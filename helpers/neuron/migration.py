@@ -71,7 +71,7 @@ KNOBS: tuple[Knob, ...] = (
          {"neuron_config": _nc(quant={"quant_dtype": "s8", "no_quantize_list": ["lm_head"]})},
          {"neuron_config": _nc()}, "06", {"quantized_checkpoints_path": QCKPT}),
     Knob("neuron_config.fuse_qkv=True", {"neuron_config": NeuronConfig(fuse_qkv=True)},
-         {"neuron_config": _nc()}, "(engine default)"),
+         {"neuron_config": _nc()}, "all, via helpers.build_model (the engine default)"),
     Knob("neuron_config.on_device_embedding=True", {"neuron_config": _nc(on_device_embedding=True)},
          {"neuron_config": _nc()}, "08"),
     Knob("enable_speculative_decoder(5) (4 drafts)", {"speculation_length": 4}, {}, "05"),
