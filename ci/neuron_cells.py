@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     if args.notebooks:
         notebooks = [p for p in notebooks if any(p.stem == n or p.stem.split("_")[0] == n for n in args.notebooks)]
     params = yaml.safe_load(Path(args.params).read_text()) or {}
-    out = Path(args.out) / args.stack
+    out = Path(args.out).resolve() / args.stack  # absolute: each script runs from its own temporary folder
     out.mkdir(parents=True, exist_ok=True)
     results = []
     for name, script in cell_scripts(args.stack, notebooks, params, str(resolve_model_path(None))):

@@ -17,14 +17,14 @@ checks it), from the ground up:
 from .artifacts.model import LlamaForSampling, MistralForSampling, NeuronAutoModelForCausalLM, NeuronModel
 from .engine.config import NeuronConfig
 from .model_store import load_hf_model, load_tokenizer, resolve_model_path
-from .notebook.backend import Backend, resolve_backend, run_neuron_cell, run_reference_cell
+from .notebook.backend import Backend, resolve_backend, run_reference_cell
 from .notebook.build import build_model, load_model
 from .notebook.metrics import write_metrics
 from .planning.gqa import GQA
 
 __all__ = [
     "build_model", "load_model",
-    "Backend", "resolve_backend", "run_neuron_cell", "run_reference_cell", "GQA", "NeuronConfig",
+    "Backend", "resolve_backend", "run_reference_cell", "GQA", "NeuronConfig",
     "LlamaForSampling", "MistralForSampling", "NeuronAutoModelForCausalLM", "NeuronModel",
     "write_metrics", "load_hf_model", "load_tokenizer", "resolve_model_path",
 ]

@@ -8,7 +8,7 @@ from transformers import StoppingCriteriaList, StopStringCriteria
 
 import helpers
 from helpers import model_store
-from helpers.notebook.backend import Backend, resolve_backend, run_neuron_cell
+from helpers.notebook.backend import Backend, resolve_backend, run_reference_cell
 from helpers.engine.config import NeuronConfig
 from helpers.planning.dtypes import amp_dtype
 from helpers.prompts import encode_prompts
@@ -34,12 +34,10 @@ def test_bad_backend_settings_are_refused(kwargs, msg):
         resolve_backend(**kwargs)
 
 
-def test_neuron_cells_say_why_they_are_skipped(capsys):
-    assert run_neuron_cell("tnx", Backend("reference")) is False
+def test_reference_cells_say_why_they_are_skipped(capsys):
+    assert run_reference_cell(Backend("neuron", "nxdi")) is False
     assert "Skipped" in capsys.readouterr().out
-    assert run_neuron_cell("tnx", Backend("neuron", "nxdi")) is False
-    assert "neuron_stack='tnx'" in capsys.readouterr().out
-    assert run_neuron_cell("tnx", Backend("neuron", "tnx")) is True
+    assert run_reference_cell(Backend("reference")) is True
 
 
 # -- configuration ------------------------------------------------------------------------------

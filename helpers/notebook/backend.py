@@ -3,10 +3,9 @@
 ``auto`` picks ``neuron`` when a Neuron stack imports (transformers-neuronx for SDK 2.26,
 NxD Inference for SDK 2.28), else ``reference`` (the engine in ``helpers`` on CPU/CUDA).
 
-Neuron code cells in the notebooks are guarded by :func:`run_neuron_cell`, which prints
-why a cell is skipped — never a silent skip. The guard takes only the stack, so a Neuron cell needs
-nothing from earlier cells: it follows the backend the notebook chose (its last :func:`resolve_backend`
-call), and, copied into a script that never chose one, ``auto`` (runs where that stack is installed).
+The notebooks' Neuron cells do not use this module: they are snippets for other people's services, guarded
+by their own library being installed (tests/contract/contract_harness.py). :func:`run_reference_cell` guards the
+cells that need the reference engine and prints why it skipped one — never a silent skip.
 """
 from __future__ import annotations
 
@@ -33,21 +32,9 @@ class Backend:
         return f"reference (helpers engine on {self.device})"
 
 
-_chosen: Backend | None = None  # the last resolve_backend() result: what run_neuron_cell follows
-
-
 def resolve_backend(backend: str = "auto", neuron_stack: str | None = None, device: str = "cpu") -> Backend:
-    """Validate the notebook's ``backend`` / ``neuron_stack`` / ``device`` before anything is built.
-
-    The result is also remembered as the process's chosen backend (:func:`chosen_backend`)."""
-    global _chosen
-    _chosen = _resolve(backend, neuron_stack, device)
-    return _chosen
-
-
-def chosen_backend() -> Backend:
-    """The backend of the last :func:`resolve_backend` call; ``auto`` if there was none."""
-    return _chosen if _chosen is not None else resolve_backend("auto")
+    """Validate the notebook's ``backend`` / ``neuron_stack`` / ``device`` before anything is built."""
+    return _resolve(backend, neuron_stack, device)
 
 
 def _resolve(backend: str, neuron_stack: str | None, device: str) -> Backend:
@@ -74,24 +61,6 @@ def _resolve(backend: str, neuron_stack: str | None, device: str) -> Backend:
                          "neuronx_distributed_inference): run on an inf2/trn1 instance with the Neuron SDK, "
                          "or use backend='reference' (CPU/CUDA)")
     return Backend("neuron", stacks[0])
-
-
-def run_neuron_cell(stack: str, bk: Backend | None = None) -> bool:
-    """Guard for a copy-paste Neuron cell: True when it should run, else print why it is skipped.
-
-    ``bk`` defaults to :func:`chosen_backend` (the notebook's ``backend`` parameter once its set-up cell ran)."""
-    if stack not in STACKS:
-        raise ValueError(f"stack={stack!r}: use one of {tuple(STACKS)}")
-    bk = chosen_backend() if bk is None else bk
-    if not bk.is_neuron:
-        print(f"Skipped: this cell needs {STACK_NAMES[stack]} on an inf2/trn1 instance; "
-              f"backend is {bk}.")
-        return False
-    if bk.stack != stack:
-        print(f"Skipped: this cell is for {STACK_NAMES[stack]}; the active Neuron stack is "
-              f"{STACK_NAMES[bk.stack]} (set neuron_stack={stack!r} to run it).")
-        return False
-    return True
 
 
 def run_reference_cell(bk: Backend) -> bool:
