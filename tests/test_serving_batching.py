@@ -188,3 +188,45 @@ def test_plots_draw_both_policies(tiny, traffic):
     plot_policies(axes2, [r.summary() for r in runs])
     assert [t.get_text() for t in axes2[0].get_xticklabels()] == ["static 2", "continuous 2"]
     plt.close(fig), plt.close(fig2)
+
+
+def test_static_batch_timeout_starts_a_short_batch_after_max_wait(tiny, traffic, oracle):
+    m = build_slot_model(tiny[0], n_slots=4, n_positions=N_POS)
+    spaced = [Request(r.rid, 10.0 * r.rid, r.prompt, r.max_new_tokens) for r in traffic[:3]]  # 10 s apart
+    r = run_static(m, spaced, max_wait_s=0.5)
+    assert r.steps == 3 and mismatches(r.outputs(), {q.rid: oracle[q.rid] for q in spaced}) == []
+    waits = [s.admitted_s - s.arrival_s for s in r.served]  # each alone in its batch: started by the timeout on an
+    assert waits[:2] == [pytest.approx(0.5)] * 2 and waits[2] == 0  # idle server; the last when no more will arrive
+    full = run_static(m, spaced)  # no timeout: the first two wait for the last arrival
+    assert full.steps == 1 and full.summary()["wait_max_s"] == pytest.approx(20.0)
+    assert run_static(m, traffic, max_wait_s=1e9).steps == 3  # a timeout never reached: full batches as before
+    with pytest.raises(ValueError, match="max_wait_s"):
+        run_static(m, traffic, max_wait_s=-1)
+
+
+def test_summary_reports_median_and_max_not_a_p99_of_a_few_requests(tiny, traffic):
+    m = build_slot_model(tiny[0], n_slots=2, n_positions=N_POS)
+    s = run_continuous(m, traffic).summary()
+    assert s["n"] == len(traffic) and not any("p99" in k for k in s)
+    assert s["ttft_p50_s"] <= s["ttft_max_s"] and s["latency_p50_s"] <= s["latency_max_s"]
+    assert 0 <= s["wait_p50_s"] <= s["wait_max_s"]
+
+
+def test_policy_plot_draws_spreads_of_repeats_as_error_bars():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from helpers.notebook.figures import Spread
+    from helpers.serving.plots import plot_policies
+
+    keys = ("throughput_tok_s", "ttft_p50_s", "ttft_max_s", "latency_p50_s", "latency_max_s")
+    rows = [{"policy": p, "slots": 4, "n": 24, **{k: Spread([1.0, 2.0, 4.0]) for k in keys}}
+            for p in ("static", "continuous")]
+    fig, axes = plt.subplots(1, 3)
+    plot_policies(axes, rows)
+    assert [b.get_height() for b in axes[0].patches] == [2.0, 2.0]  # the median
+    segs = axes[0].collections[0].get_segments()  # the min-max error bars
+    assert [(s[0][1], s[1][1]) for s in segs] == [(1.0, 4.0), (1.0, 4.0)]
+    assert "max of 24 requests" in [t.get_text() for t in axes[1].get_legend().get_texts()]
+    plt.close(fig)

@@ -146,3 +146,12 @@ def test_bucket_rows_use_nxdi_selection(tiny):
     rows = bucket_rows([(r.prompt_len, r.cached_tokens) for r in rs], [(16, 0), (16, 32), (64, 0), (64, 32)])
     assert rows[0]["bucket"] == (64, 0) and rows[1]["bucket"] == (16, 32) and rows[1]["bucket_no_cache"] == (64, 0)
     assert "exceeds largest bucket" in bucket_rows([(100, 0)], [(16, 0), (64, 0)])[0]["bucket"]
+
+
+def test_decode_step_times_both_layouts_interleaved(tiny):
+    from helpers.serving.prefix import decode_step_times
+    _, _, model = tiny
+    t = decode_step_times(model, 60, 3, num_blocks=16, block_size=8)
+    assert set(t) == {"flat", "block"} and all(len(v) == 3 and min(v) > 0 for v in t.values())
+    with pytest.raises(ValueError, match="num_blocks"):
+        decode_step_times(model, 60, 3, num_blocks=4, block_size=8)

@@ -28,19 +28,31 @@ def plot_slots(ax, result: RunResult, horizon: float | None = None) -> None:
         ax.set_xlim(0, horizon)
 
 
+def _bar_values(values) -> tuple[list[float], list[list[float]]]:
+    """Bar heights and [below, above] error lengths: a number, or a spread of repeats (anything with ``median``,
+    ``low`` and ``high``, such as ``helpers.notebook.figures.Spread``) drawn as its median with a min-max bar."""
+    mid = [float(v.median) if hasattr(v, "median") else float(v) for v in values]
+    low = [m - float(v.low) if hasattr(v, "low") else 0.0 for m, v in zip(mid, values)]
+    high = [float(v.high) - m if hasattr(v, "high") else 0.0 for m, v in zip(mid, values)]
+    return mid, [low, high]
+
+
 def plot_policies(axes, summaries: list[dict]) -> None:
-    """Three axes: throughput, TTFT p50/p99, latency p50/p99 per policy."""
+    """Three axes: throughput, TTFT median and maximum over the requests, latency median and maximum, per policy.
+    Each figure may be a number or a spread over repeated replays (min-max error bars)."""
     names = [f"{s['policy']} {s['slots']}" for s in summaries]
     x = range(len(names))
     a0, a1, a2 = axes
-    a0.bar(x, [s["throughput_tok_s"] for s in summaries], color=["C1" if s["policy"] == "static" else "C0"
-                                                                   for s in summaries])
+    mid, err = _bar_values([s["throughput_tok_s"] for s in summaries])
+    a0.bar(x, mid, yerr=err, capsize=3, color=["C1" if s["policy"] == "static" else "C0" for s in summaries])
     a0.set(ylabel="generated tokens / s", title="throughput")
+    n = summaries[0].get("n", "?") if summaries else "?"
     for ax, key, title in ((a1, "ttft", "time to first token"), (a2, "latency", "request latency")):
-        ax.bar([i - 0.2 for i in x], [s[f"{key}_p50_s"] for s in summaries], width=0.4, label="p50")
-        ax.bar([i + 0.2 for i in x], [s[f"{key}_p99_s"] for s in summaries], width=0.4, label="p99")
+        for dx, stat, label in ((-0.2, "p50", "median"), (0.2, "max", f"max of {n} requests")):
+            mid, err = _bar_values([s[f"{key}_{stat}_s"] for s in summaries])
+            ax.bar([i + dx for i in x], mid, yerr=err, capsize=3, width=0.4, label=label)
         ax.set(ylabel="seconds", title=title)
-        ax.legend()
+        ax.legend(fontsize=7)
     for ax in axes:
         ax.set_xticks(list(x))
         ax.set_xticklabels(names, rotation=30, ha="right")

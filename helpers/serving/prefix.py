@@ -148,6 +148,48 @@ class PrefixCachingEngine:
         return [self.generate(p, max_new_tokens) for p in prompts]
 
 
+@torch.inference_mode()
+def decode_step_times(model, context_len: int, steps: int, num_blocks: int, block_size: int) -> dict[str, list[float]]:
+    """Seconds of one token-generation step (one token at position ``context_len``, attending over
+    ``[0, context_len]``) on the same weights, eager, with the engine's flat KV cache (``"flat"``) and with the block
+    layout (``"block"``: gather the sequence's blocks into a flat cache, attend, scatter the new position back, as
+    NxDI 0.8 does with ``is_block_kv_layout``). The sequence's blocks are taken from the end of the pool (not
+    contiguous with its positions, as after a few requests); one untimed step each, then ``steps`` of each,
+    alternately (both see the same load on the machine)."""
+    tr = getattr(model, "model", None)
+    if not isinstance(tr, Transformer) or getattr(model, "tp_degree", 1) != 1:
+        raise ValueError("decode_step_times runs on a built reference model at tp_degree=1")
+    end = int(context_len) + 1
+    need = -(-end // int(block_size))
+    if end > tr.cos.shape[0] or need > int(num_blocks) or int(steps) < 1:
+        raise ValueError(f"context_len={context_len}, steps={steps}: need 1 <= steps, context_len + 1 <= the model's "
+                         f"positions and <= num_blocks * block_size")
+    paged = PagedTransformer(tr, num_blocks, block_size)
+    table = list(range(int(num_blocks) - 1, int(num_blocks) - 1 - need, -1))
+    slots = slot_mapping(table, 0, end, int(block_size))
+    dev = tr.device
+    pos = torch.tensor([end - 1], device=dev)
+    mask = build_mask(pos, torch.zeros(1, dtype=torch.long, device=dev), end, tr.args.sliding_window)
+    token = torch.tensor([[101]], device=dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+    def flat():
+        tr.forward(token, pos[None], pos, end, mask, torch.zeros(1, 1, dtype=torch.long, device=dev))
+
+    def block():
+        paged_forward(paged, [101], end - 1, slots)
+
+    times: dict[str, list[float]] = {"flat": [], "block": []}
+    for i in range(int(steps) + 1):
+        for name, fn in (("flat", flat), ("block", block)):
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            if i:
+                times[name].append(time.perf_counter() - t0)
+    return times
+
+
 def block_memory(model, block_size: int, tp_degree: int = 1, amp: str = "bf16") -> dict:
     """Bytes of one KV block per NeuronCore for a model config (a shipped name, "embedded" or a path), with NxD
     Inference's KV heads per core at ``tp_degree`` (its GQA layout): the planner's KV cache of one sequence of

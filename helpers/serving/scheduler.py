@@ -7,9 +7,11 @@ jumps to the next arrival instead of sleeping, so a replay takes the time of its
 figure is what a single-server loop on this machine would have seen. Python overhead of the scheduler itself
 (microseconds per step) is not counted.
 
-**Static batching** (``run_static``): wait until ``batch_size`` requests are waiting (or no more will arrive),
-run them as one fixed batch with ``sample()`` to the longest requested output (rows left-padded to the longest
-prompt), return every result when the batch ends; the next batch starts after.
+**Static batching** (``run_static``): wait until ``batch_size`` requests are waiting, or no more will arrive, or
+(with ``max_wait_s``, the batch timeout of real static servers, e.g. Triton's ``max_queue_delay_microseconds``)
+the oldest waiting request has waited ``max_wait_s`` on an idle server; run them as one fixed batch with
+``sample()`` to the longest requested output (rows left-padded to the longest prompt; a short batch padded to
+``batch_size`` rows), return every result when the batch ends; the next batch starts after.
 
 **Continuous batching** (``run_continuous``): a ``SlotModel`` with n slots. Before every decode step, waiting
 requests enter free slots (context encoding of that slot only, its first token sampled); then one decode step
@@ -64,18 +66,21 @@ class RunResult:
         return f"{self.policy} {self.n_slots}"
 
     def summary(self) -> dict:
-        """Throughput (generated tokens per second of clock from the first arrival to the last result),
-        TTFT and latency p50/p99 (seconds), and how busy the engine was."""
+        """Throughput (generated tokens per second of clock from the first arrival to the last result), TTFT,
+        latency and the wait for admission (seconds) as median and maximum over the ``n`` requests, and how busy
+        the engine was. No p99: it needs far more than a replay's few dozen requests (of 24, it is the maximum)."""
         start = min(s.arrival_s for s in self.served)
         span = max(s.finished_s for s in self.served) - start
         ttft = [s.ttft_s for s in self.served]
         lat = [s.latency_s for s in self.served]
+        wait = [s.admitted_s - s.arrival_s for s in self.served]
         tokens = sum(len(s.tokens) for s in self.served)
-        return {"policy": self.policy, "slots": self.n_slots, "tokens": tokens, "span_s": span,
-                "throughput_tok_s": tokens / span, "ttft_p50_s": float(np.percentile(ttft, 50)),
-                "ttft_p99_s": float(np.percentile(ttft, 99)), "latency_p50_s": float(np.percentile(lat, 50)),
-                "latency_p99_s": float(np.percentile(lat, 99)), "busy_fraction": self.busy_s / span,
-                "engine_calls": self.steps}
+        return {"policy": self.policy, "slots": self.n_slots, "n": len(self.served), "tokens": tokens,
+                "span_s": span, "throughput_tok_s": tokens / span,
+                "ttft_p50_s": float(np.median(ttft)), "ttft_max_s": float(max(ttft)),
+                "latency_p50_s": float(np.median(lat)), "latency_max_s": float(max(lat)),
+                "wait_p50_s": float(np.median(wait)), "wait_max_s": float(max(wait)),
+                "busy_fraction": self.busy_s / span, "engine_calls": self.steps}
 
     def outputs(self) -> dict[int, list[int]]:
         return {s.rid: s.tokens for s in self.served}
@@ -183,17 +188,24 @@ def run_continuous(model: SlotModel, requests: list[Request]) -> RunResult:
     return RunResult("continuous", n, sorted(done, key=lambda s: s.rid), clock.busy, clock.calls)
 
 
-def run_static(model: CausalLM, requests: list[Request]) -> RunResult:
-    """Static batching with ``model.batch_size`` rows (greedy); see the module docstring."""
+def run_static(model: CausalLM, requests: list[Request], max_wait_s: float | None = None) -> RunResult:
+    """Static batching with ``model.batch_size`` rows (greedy); see the module docstring. ``max_wait_s``: the batch
+    timeout (None: wait for a full batch, however long); a busy server starts the next batch when it is free."""
+    if max_wait_s is not None and not float(max_wait_s) >= 0:
+        raise ValueError(f"max_wait_s={max_wait_s}: seconds >= 0, or None for no timeout")
     q = Arrivals(model, requests)
     clock, pending, waiting = q.clock, q.pending, q.waiting
     B = model.batch_size
     done: list[Served] = []
     while pending or waiting:
         q.arrive()
-        if len(waiting) < B and pending:  # wait for a full batch
-            q.idle_until_next()
-            continue
+        if len(waiting) < B and pending:  # wait for a full batch, or until the oldest has waited max_wait_s
+            next_arrival = pending[0].arrival_s - q.t0
+            deadline = None if max_wait_s is None or not waiting else waiting[0].arrival_s - q.t0 + float(max_wait_s)
+            if deadline is None or next_arrival <= deadline:
+                q.idle_until_next()
+                continue
+            clock.idle_until(deadline)  # the timeout: run the requests that are there
         batch = [waiting.popleft() for _ in range(min(B, len(waiting)))]
         ids, mask = left_padded(batch, B)
         L = ids.shape[1]
