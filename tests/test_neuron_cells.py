@@ -127,7 +127,6 @@ def _run_cells(tmp_path, body):
     script = next(runner.cell_scripts("tnx", [_write(tmp_path / "99_x.ipynb", nb)], {}, "/embedded"))[1]
     path = tmp_path / "cell.py"
     path.write_text(script)
-    path = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
     env = {"PYTHONPATH": f"{REPO}:{lib.parent}"}
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
