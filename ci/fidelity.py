@@ -493,7 +493,390 @@ def probes_tnx(side: str) -> dict:
             torch.manual_seed(100 + seed)
             return speculation.DefaultTokenAcceptor()(draft_ids, draft, target)
         out[f"DefaultTokenAcceptor#{seed}"] = _outcome(accept)
+    _tnx_loop_probes(out)
     return out
+
+
+# ------------------------------------------------------------------------------------------ tnx loop probes
+class _FakeLM:
+    """A deterministic stand-in "model" for the pinned loops (sampling.py, speculation.py).
+
+    The scores after token t at KV-cache position p are a fixed mix of N(0, 9) draws seeded by (salt, t, p), so a
+    draft (two salts) is close to its target (one). Token 0, the pad id, is never proposed (-inf: an accepted 0
+    would stall the pinned speculation loop, which counts accepted tokens with count_nonzero); tokens 2 and 3, the
+    probes' EOS ids, are rare (-6) except where ``boost[(row, p + 1)] = token`` pushes a token (+30) to be the one
+    at position p + 1 of that row (EOS inside a speculation window, at different steps per row). It answers what
+    the loops call: ``model(input_ids, cache_ids, start_ids)`` -> [batch, vocab] (the last real position of each
+    row), ``speculative_forward(...)`` -> [k, vocab, batch], attributes ``neuron_config`` and ``context_hook``;
+    with ``emit_tokens`` it returns the argmax token [batch, 1] (on-device generation), with ``log_softmax`` a
+    (scores, log_softmax) pair. Every call is logged; more than ``MAX_CALLS`` raise (a loop that never ends)."""
+
+    MAX_CALLS = 300
+
+    def __init__(self, vocab=24, salts=((1, 1.0),), boost=None, neuron_config=None, emit_tokens=False,
+                 log_softmax=False):
+        self.vocab, self.salts, self.boost = vocab, salts, dict(boost or {})
+        self.neuron_config, self.emit_tokens, self.log_softmax = neuron_config, emit_tokens, log_softmax
+        self.context_hook = None
+        self.calls = []
+
+    def _scores(self, row, token, pos):
+        import torch
+
+        s = torch.zeros(self.vocab)
+        for salt, weight in self.salts:
+            g = torch.Generator().manual_seed(salt * 1_000_003 + int(token) * 10_007 + int(pos) * 101)
+            s += weight * 3 * torch.randn(self.vocab, generator=g)
+        s[0] = -float("inf")
+        s[2:4] -= 6.0  # the EOS ids of the probes come mostly where boosted
+        if (row, int(pos) + 1) in self.boost:
+            s[self.boost[row, int(pos) + 1]] += 30.0
+        return s
+
+    @staticmethod
+    def _list(t):
+        return None if t is None else t.tolist()
+
+    def _log(self, *entry):
+        if len(self.calls) >= self.MAX_CALLS:
+            raise RuntimeError("fake model: too many calls (the loop does not end)")
+        self.calls.append(list(entry))
+
+    def __call__(self, input_ids, cache_ids=None, start_ids=None):
+        import torch
+
+        self._log("call", input_ids.tolist(), self._list(cache_ids), self._list(start_ids))
+        rows, n = [], input_ids.shape[1]
+        for b in range(input_ids.shape[0]):
+            pos = torch.arange(n) if cache_ids is None else \
+                (cache_ids[b] if cache_ids.dim() == 2 else cache_ids).flatten()
+            if pos.numel() == n:  # the last real token (a right-padded row has positions arange * mask)
+                j = int(torch.argmax(pos))
+                rows.append(self._scores(b, input_ids[b, j], pos[j]))
+            else:
+                rows.append(self._scores(b, input_ids[b, -1], pos.max()))
+        scores = torch.stack(rows)
+        if self.emit_tokens:
+            return torch.argmax(scores, dim=1, keepdim=True)
+        if self.log_softmax:
+            return scores, torch.log_softmax(scores, dim=-1)
+        return scores
+
+    forward = __call__
+
+    def speculative_forward(self, input_ids, cache_ids=None, start_ids=None, speculation_length=None):
+        import torch
+
+        self._log("speculative_forward", input_ids.tolist(), self._list(cache_ids), self._list(start_ids),
+                  speculation_length)
+        batch, k = input_ids.shape
+        out = torch.zeros(k, self.vocab, batch)
+        for b in range(batch):
+            pos = cache_ids[b] if cache_ids.dim() == 2 else cache_ids
+            for j in range(k):
+                out[j, :, b] = self._scores(b, input_ids[b, j], pos[j])
+        return out
+
+
+class _Streamer:
+    def __init__(self, response_with_prefix=None):
+        self.log = []
+        if response_with_prefix is not None:
+            self.response_with_prefix = response_with_prefix
+
+    def put(self, value):
+        self.log.append(["put", value.tolist()])
+
+    def end(self):
+        self.log.append("end")
+
+
+class _StopAfter:
+    """A stopping criterion that logs the ids and the shape of the scores it is given; True from its n-th call."""
+
+    def __init__(self, n):
+        self.n, self.log = n, []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.log.append([input_ids.tolist(), list(scores.shape)])
+        return len(self.log) >= self.n
+
+
+def _loop_outcome(run, model=None, streamer=None, stops=(), scores=None):
+    """Run one loop under a fixed seed: its result with everything the loop showed the outside world."""
+    import torch
+
+    def go():
+        result = run()
+        seen = {"result": _plain(result), "rng_after": torch.randint(0, 2 ** 30, (1,)).item()}
+        if model is not None:
+            seen["model_calls"] = model.calls
+        if streamer is not None:
+            seen["streamer"] = streamer.log
+        for i, s in enumerate(stops):
+            seen[f"stopping_criteria_{i}"] = s.log
+        if scores is not None:
+            seen["scores_after"] = _plain(scores)  # the loops divide / mask the caller's scores in place
+        return seen
+    return _outcome(go)
+
+
+def _tnx_loop_probes(out):
+    """sampling.py's loops and filters, speculation.py's acceptors, draft provider and SpeculativeGenerator, on
+    _FakeLM; each run under torch.manual_seed so both sides draw the same random numbers."""
+    import itertools
+    from types import SimpleNamespace
+
+    import torch
+
+    from transformers_neuronx import sampling, speculation
+    from transformers_neuronx.stopping_criteria import MaxTimeCriteria, StoppingCriteriaList
+
+    prompts = {1: [[5, 9, 3]], 2: [[5, 9, 3], [7, 1, 4]], 3: [[5, 9, 3], [7, 1, 4], [11, 12, 13]]}
+    eos_cases = {"none": {}, "row0@5": {(0, 5): 2}, "row1@4,row0@7": {(1, 4): 2, (0, 7): 2},
+                 "list[2,3],row0@4=3": {(0, 4): 3}}
+    decodings = {"greedy": dict(top_k=1), "default": dict(), "k5p0.9t0.7": dict(top_k=5, top_p=0.9, temperature=0.7),
+                 "p0.5": dict(top_k=None, top_p=0.5), "k1t2.0": dict(top_k=1, temperature=2.0)}
+    nc = SimpleNamespace(use_2d_cache_ids=False, log_softmax_scores=False)
+
+    # sample_llama -> sample_loop_llama: top-k/top-p/temperature, EOS per row, streamer, batch 1..3, seeds
+    for seed, batch, (dname, dec), (ename, boost) in itertools.product(
+            (0, 1), (1, 2, 3), decodings.items(), eos_cases.items()):
+        def run(seed=seed, batch=batch, dec=dec, ename=ename, boost=boost):
+            model, streamer = _FakeLM(boost=boost, neuron_config=nc), _Streamer()
+            eos = [2, 3] if ename.startswith("list") else 2
+            torch.manual_seed(seed)
+            return _loop_outcome(lambda: sampling.sample_llama(
+                model, torch.tensor(prompts[batch]), None, 10, eos_token_id=eos, streamer=streamer, **dec),
+                model, streamer)
+        out[f"sample_llama[seed={seed},batch={batch},{dname},eos={ename}]"] = run()
+
+    def llama_case(name, batch=1, seq=10, boost=None, stop=None, prefix=None, model_kw=None, **kw):
+        def run():
+            model = _FakeLM(boost=boost, **(model_kw or dict(neuron_config=nc)))
+            streamer = _Streamer(prefix)
+            stops = [] if stop is None else [_StopAfter(stop)]
+            if stop is not None:
+                kw["stopping_criteria_list"] = StoppingCriteriaList(stops)
+            torch.manual_seed(0)
+            return _loop_outcome(lambda: sampling.sample_llama(model, torch.tensor(prompts[batch]), kw.pop(
+                "start_ids", None), seq, streamer=streamer, **kw), model, streamer, stops)
+        out[f"sample_llama[{name}]"] = run()
+
+    # stopping criteria get the prompt ids (transformers-neuronx#75) and the step's top-k probabilities
+    llama_case("stop after 1", stop=1, top_k=5)
+    llama_case("stop after 3,batch=2", batch=2, stop=3)
+    llama_case("stop after 3,batch=2,eos row1@4", batch=2, stop=3, top_k=1, boost={(1, 4): 2})
+    llama_case("MaxTimeCriteria(-1)", stopping_criteria_list=StoppingCriteriaList([MaxTimeCriteria(-1.0)]))
+    llama_case("MaxTimeCriteria(1e9)", stopping_criteria_list=StoppingCriteriaList([MaxTimeCriteria(1e9)]))
+    llama_case("stopping_criteria_list=[]", stopping_criteria_list=[])
+    llama_case("response_with_prefix", batch=2, prefix=True, boost={(0, 5): 2})
+    llama_case("response_with_prefix=False", prefix=False)
+    llama_case("no_repeat_ngram_size=2", batch=2, top_k=1, no_repeat_ngram_size=2, seq=14)
+    llama_case("no_repeat_ngram_size=1", top_k=1, no_repeat_ngram_size=1)
+    llama_case("seq=3 (=prompt)", seq=3)
+    llama_case("seq=2 (<prompt)", seq=2)
+    llama_case("seq=4", seq=4, top_k=1)
+    llama_case("start_ids", batch=2, start_ids=torch.tensor([0, 1]), top_k=1)
+    llama_case("cache_ids 1-D", cache_ids=torch.tensor([4, 5, 6]), top_k=1)
+    llama_case("cache_ids 2-D", batch=2, cache_ids=torch.tensor([[0, 1, 2], [0, 1, 2]]), top_k=1,
+               model_kw=dict(neuron_config=SimpleNamespace(use_2d_cache_ids=True)))
+    llama_case("cache_ids 2-D, use_2d_cache_ids=False", batch=2, cache_ids=torch.tensor([[0, 1, 2], [0, 1, 2]]),
+               top_k=1)
+    for bad in (dict(temperature=1), dict(temperature=0.0), dict(top_p=1), dict(top_p=0.0), dict(top_k=0),
+                dict(top_k=2.0), dict(top_k=None, top_p=None), dict(no_repeat_ngram_size=-1),
+                dict(eos_token_id=None), dict(eos_token_id=[])):
+        llama_case(f"{bad}", **bad)
+
+    def hooked():
+        model, seen = _FakeLM(neuron_config=nc), []
+        model.context_hook = lambda: seen.append(len(model.calls))
+        torch.manual_seed(0)
+        return _loop_outcome(lambda: [sampling.sample_llama(model, torch.tensor(prompts[1]), None, 6, top_k=1), seen],
+                             model)
+    out["sample_llama[context_hook]"] = hooked()
+
+    # sample_loop_llama directly: the caller's scores are divided in place by the temperature
+    for temperature in (1.0, 0.5):
+        def direct(temperature=temperature):
+            model = _FakeLM(neuron_config=nc)
+            scores = model(torch.tensor(prompts[2]))
+            torch.manual_seed(3)
+            return _loop_outcome(lambda: sampling.sample_loop_llama(
+                model, torch.tensor(prompts[2]), None, scores, 7, eos_token_id=2, top_k=4, temperature=temperature),
+                model, scores=scores)
+        out[f"sample_loop_llama[temperature={temperature}]"] = direct()
+
+    # the older loop (simple_sample -> sample_loop): EOS is never sampled, `if cache_ids:` on a tensor
+    for seed, batch, top_k, boost in itertools.product((0, 1), (1, 2), (1, 5, 20), ({}, {(0, 5): 2})):
+        def old(seed=seed, batch=batch, top_k=top_k, boost=boost):
+            model, streamer = _FakeLM(boost=boost), _Streamer()
+            torch.manual_seed(seed)
+            return _loop_outcome(lambda: sampling.simple_sample(
+                model, torch.tensor(prompts[batch]), None, 9, eos_token_id=2, top_k=top_k, streamer=streamer),
+                model, streamer)
+        out[f"simple_sample[seed={seed},batch={batch},top_k={top_k},boost={sorted(boost)}]"] = old()
+    for name, kw in {"output_scores": dict(output_scores=True), "cache_ids=[0]": dict(cache_ids=torch.tensor([0])),
+                     "cache_ids=[4]": dict(cache_ids=torch.tensor([4])), "seq=3": dict(sequence_length=3),
+                     "log_softmax_scores": dict(output_scores=True, neuron_config=SimpleNamespace(
+                         log_softmax_scores=True), log_softmax_scores="first"),
+                     "top_k>vocab": dict(top_k=30)}.items():
+        def loop(kw=kw):
+            model = _FakeLM(log_softmax="log_softmax_scores" in kw)
+            scores = model(torch.tensor(prompts[2]))
+            if model.log_softmax:
+                scores = scores[0]
+            kw = dict(dict(sequence_length=8, eos_token_id=2, top_k=3), **kw)
+            torch.manual_seed(0)
+            return _loop_outcome(lambda: sampling.sample_loop(model, torch.tensor(prompts[2]), None, scores, **kw),
+                                 model, scores=scores)
+        out[f"sample_loop[{name}]"] = loop()
+
+    # sample_greedy, and sample_tokens (on-device generation: the model returns tokens)
+    for batch in (1, 2):
+        def greedy(batch=batch):
+            model = _FakeLM(boost={(0, 5): 2})
+            torch.manual_seed(0)
+            return _loop_outcome(lambda: sampling.sample_greedy(model, torch.tensor(prompts[batch]), None, 8), model)
+        out[f"sample_greedy[batch={batch}]"] = greedy()
+        for eos in (None, 2, [2, 3]):
+            def tokens(batch=batch, eos=eos):
+                from transformers_neuronx.config import GenerationConfig
+                model = _FakeLM(boost={(batch - 1, 5): 2, (0, 7): 3}, emit_tokens=True, neuron_config=nc)
+                streamer = _Streamer()
+                torch.manual_seed(0)
+                return _loop_outcome(lambda: sampling.sample_tokens(
+                    model, torch.tensor(prompts[batch]), None, sequence_length=9,
+                    config=GenerationConfig(eos_token_id=eos), streamer=streamer), model, streamer)
+            out[f"sample_tokens[batch={batch},eos={eos}]"] = tokens()
+
+    # the filters the loops use, on generated scores
+    g = torch.Generator().manual_seed(7)
+    scores = torch.randn(3, 12, generator=g) * 2
+    for top_k, top_p, keep in itertools.product((None, 1, 3, 20), (None, 0.3, 0.9, 1.0), (1, 2, 13)):
+        out[f"top_k_top_p_filtering[{top_k},{top_p},{keep}]"] = _outcome(
+            lambda: sampling.top_k_top_p_filtering(scores.clone(), top_k, top_p, keep))
+    for bad in ((0, None, 1), (None, 1.5, 1), (None, 1, 1), (2, 0.5, -1), ("3", None, 1)):
+        out[f"top_k_top_p_filtering{bad}"] = _outcome(lambda: sampling.top_k_top_p_filtering(scores.clone(), *bad))
+    for seed, (top_k, top_p, temperature) in itertools.product((0, 1), ((1, 1.0, 1.0), (4, 0.8, 1.0),
+                                                                         (None, 0.6, 0.5))):
+        def select(seed=seed, top_k=top_k, top_p=top_p, temperature=temperature):
+            torch.manual_seed(seed)
+            return [sampling.select_tokens(scores.clone(), top_k, top_p, temperature),
+                    torch.randint(0, 2 ** 30, (1,))]
+        out[f"select_tokens[seed={seed},{top_k},{top_p},{temperature}]"] = _outcome(select)
+    ids = torch.tensor([[1, 2, 1, 2, 1], [3, 3, 3, 4, 3]])
+    for n, cur in itertools.product((1, 2, 3, 6), (2, 4, 5)):
+        out[f"filter_ngrams[{n},{cur}]"] = _outcome(
+            lambda: sampling.filter_ngrams(n, ids, torch.zeros(2, 6), cur))
+    for n in (None, 0, 1, 3, -2, 1.5):
+        out[f"validate_no_repeat_ngram_size({n})"] = _outcome(lambda: sampling.validate_no_repeat_ngram_size(n))
+
+    # acceptors (fixed seed): random scores, draft == target (all accepted), target elsewhere (first rejected),
+    # accepted token id 0 (zero padding), shape errors
+    def acceptor_inputs(seed, batch, k, vocab, case):
+        g = torch.Generator().manual_seed(seed)
+        draft = torch.randn(batch, k, vocab, generator=g) * 2
+        target = torch.randn(batch, k + 1, vocab, generator=g) * 2
+        draft_ids = torch.argmax(draft, dim=-1)
+        if case == "equal":
+            target[:, :k] = draft
+        elif case == "reject":
+            target[:, :k] = -draft
+        elif case == "zero-ids":
+            draft[:, :, 0] += 20
+            target[:, :, 0] += 20
+            draft_ids = torch.zeros(batch, k, dtype=torch.int64)
+        return draft_ids, draft, target
+    for seed, batch, k, case in itertools.product((0, 1, 2), (1, 2, 3), (1, 3, 4),
+                                                  ("random", "equal", "reject", "zero-ids")):
+        def accept(seed=seed, batch=batch, k=k, case=case):
+            inputs = acceptor_inputs(seed, batch, k, 11, case)
+            torch.manual_seed(100 + seed)
+            return [speculation.DefaultTokenAcceptor()(*inputs), torch.randint(0, 2 ** 30, (1,))]
+        out[f"DefaultTokenAcceptor[seed={seed},batch={batch},k={k},{case}]"] = _outcome(accept)
+    for name, (d, t) in {"vocab mismatch": ((1, 3, 11), (1, 4, 12)), "k+1 mismatch": ((1, 3, 11), (1, 3, 11)),
+                         "2-D": ((3, 11), (4, 11))}.items():
+        out[f"DefaultTokenAcceptor[{name}]"] = _outcome(lambda: speculation.DefaultTokenAcceptor()(
+            torch.zeros(1, d[-2], dtype=torch.int64), torch.zeros(d), torch.zeros(t)))
+    for seed, case in itertools.product((0, 1, 2), ("random", "equal", "reject")):
+        def reference(seed=seed, case=case):
+            draft_ids, draft, target = acceptor_inputs(seed, 1, 3, 11, case)
+            torch.manual_seed(seed)
+            return [speculation.ReferenceTokenAcceptor()(draft_ids, draft[0], target[0]),
+                    torch.randint(0, 2 ** 30, (1,))]
+        out[f"ReferenceTokenAcceptor[seed={seed},{case}]"] = _outcome(reference)
+    for seed in (0, 1):
+        def tree(seed=seed):
+            g = torch.Generator().manual_seed(seed)
+            target = torch.randn(5, 7, generator=g)
+            draft_ids = torch.tensor([[0, int(torch.argmax(target[0])), 3, int(torch.argmax(target[1])), 2]])
+            return speculation.DefaultTokenTreeAcceptor()(draft_ids, torch.zeros(5, 7), target,
+                                                         {0: [1, 2], 1: [3, 4], 2: [], 3: []})
+        out[f"DefaultTokenTreeAcceptor[seed={seed}]"] = _outcome(tree)
+
+    # the draft provider over the fake
+    for name, (ids, k, cache) in {"context": ([[5, 9, 3]], 4, None), "context cache 0": ([[5, 9, 3]], 4, [0, 1, 2]),
+                                  "k=3 at 5": ([[8]], 3, [5]), "k=1 at 5": ([[8]], 1, [5]),
+                                  "batch 2 at 5": ([[8], [4]], 3, [[5], [5]])}.items():
+        def draft(ids=ids, k=k, cache=cache):
+            model = _FakeLM(salts=((1, 1.0), (2, 0.5)))
+            torch.manual_seed(0)
+            return _loop_outcome(lambda: speculation.DraftModelForSpeculation(model)(
+                torch.tensor(ids), k, None if cache is None else torch.tensor(cache)), model)
+        out[f"DraftModelForSpeculation[{name}]"] = draft()
+
+    # SpeculativeGenerator.sample: default (sampling) and greedy acceptors, EOS inside the window (proposed and
+    # accepted, or only the target's), tokens past sequence_length cut, streamer puts, batch > 1
+    class GreedyAcceptor(speculation.TokenAcceptor):
+        def __call__(self, draft_ids, draft_scores, target_scores):
+            target_ids = torch.argmax(target_scores, dim=-1)
+            accepted = torch.zeros_like(target_ids)
+            for b in range(draft_ids.shape[0]):
+                n = 0
+                while n < draft_ids.shape[1] and draft_ids[b, n] == target_ids[b, n]:
+                    n += 1
+                accepted[b, :n + 1] = target_ids[b, :n + 1]
+            return accepted
+
+    spec_eos = {"none": ({}, {}, None), "eos unused": ({}, {}, 2), "draft+target@6": ({(0, 6): 2}, {(0, 6): 2}, 2),
+                "draft+target@5,@9": ({(0, 5): 2, (0, 9): 2}, {(0, 5): 2, (0, 9): 2}, 2),
+                "target@7": ({}, {(0, 7): 2}, 2), "draft@7": ({(0, 7): 2}, {}, 2), "eos=first": ({}, {(0, 3): 2}, 2)}
+    for seed, k, acc, (ename, (dboost, tboost, eos)) in itertools.product(
+            (0, 1, 2), (2, 4, 5), ("default", "greedy"), spec_eos.items()):
+        def spec(seed=seed, k=k, acc=acc, dboost=dboost, tboost=tboost, eos=eos):
+            draft = _FakeLM(salts=((1, 1.0), (2, 0.5)), boost=dboost)
+            target, streamer = _FakeLM(boost=tboost), _Streamer()
+            gen = speculation.SpeculativeGenerator(speculation.DraftModelForSpeculation(draft), target, k=k,
+                                                   acceptor=GreedyAcceptor() if acc == "greedy" else None)
+            torch.manual_seed(seed)
+            return _loop_outcome(lambda: [gen.sample(torch.tensor(prompts[1]), 13, eos_token_id=eos,
+                                                     streamer=streamer), draft.calls], target, streamer)
+        out[f"SpeculativeGenerator[seed={seed},k={k},{acc},eos={ename}]"] = spec()
+
+    def spec_case(name, batch=1, k=4, seq=12, mask=None, **kw):
+        def run():
+            draft = _FakeLM(salts=((1, 1.0), (2, 0.5)), boost={(0, 6): 2, (1, 5): 2})
+            target, streamer = _FakeLM(boost={(0, 6): 2, (1, 5): 2}), _Streamer()
+            gen = speculation.SpeculativeGenerator(speculation.DraftModelForSpeculation(draft), target, k=k)
+            torch.manual_seed(0)
+            return _loop_outcome(lambda: [gen.sample(
+                torch.tensor(prompts[batch]), seq, streamer=streamer,
+                attention_mask=None if mask is None else torch.tensor(mask), **kw), draft.calls], target, streamer)
+        out[f"SpeculativeGenerator[{name}]"] = run()
+
+    spec_case("pad_token_id=7", pad_token_id=7, eos_token_id=2)
+    spec_case("output_logits", output_logits=True)
+    spec_case("seq=4", seq=4)
+    spec_case("seq=3 (=prompt)", seq=3)
+    spec_case("mask all ones", mask=[[1, 1, 1]], eos_token_id=2)
+    spec_case("mask right-padded", mask=[[1, 1, 0]])
+    spec_case("mask left-padded", mask=[[0, 1, 1]])
+    spec_case("start_ids", start_ids=torch.tensor([0]))
+    spec_case("batch 2 without attention_mask", batch=2)
+    spec_case("batch 2", batch=2, mask=[[1, 1, 1], [1, 1, 1]], eos_token_id=2)
+    spec_case("batch 2 right-padded", batch=2, mask=[[1, 1, 1], [1, 1, 0]], eos_token_id=2)
+    spec_case("batch 3", batch=3, mask=[[1, 1, 1]] * 3)
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -530,7 +913,7 @@ def declared_probes(stack):
     sys.path.insert(0, str(STAND_INS))
     from deviations import DEVIATIONS
 
-    return [(d["id"], re.compile(p)) for d in DEVIATIONS if d["stack"] == stack for p in d.get("probes", ())]
+    return [(d["id"], re.compile(p)) for d in DEVIATIONS if d["stack"] in (stack, "both") for p in d.get("probes", ())]
 
 
 def compare(pinned: dict, stand_in: dict, declared) -> tuple[list, list, list]:

@@ -128,7 +128,56 @@ def test_published_bugs_are_not_listed_as_deviations():
     assert not any("tensor_capture_hook" in d["what"] for d in deviations.DEVIATIONS)
 
 
-@pytest.mark.parametrize("pattern", [r"^pad_inputs shapes\["])
-def test_declared_probe_patterns_name_real_probes(pattern):
+@pytest.mark.parametrize("pattern,made_by,example", [
+    (r"^pad_inputs shapes\[", "pad_inputs {what}", "pad_inputs shapes[context_encoding_model]"),
+    (r"^SpeculativeGenerator\[batch \d+( right-padded)?\]$", 'spec_case("batch 2 right-padded"',
+     "SpeculativeGenerator[batch 2 right-padded]"),
+    (r"^SpeculativeGenerator\[mask left-padded\]$", 'spec_case("mask left-padded"',
+     "SpeculativeGenerator[mask left-padded]"),
+])
+def test_declared_probe_patterns_name_real_probes(pattern, made_by, example):
     source = (REPO / "ci" / "fidelity.py").read_text()
-    assert "pad_inputs {what}" in source and re.search(pattern, "pad_inputs shapes[context_encoding_model]")
+    assert made_by in source and re.search(pattern, example)
+    declared = [p.pattern for d in deviations.DEVIATIONS for p in map(re.compile, d.get("probes", ()))]
+    assert pattern in declared
+
+
+def test_declared_probes_include_rows_for_both_stacks():
+    ids = {i for i, _ in fidelity.declared_probes("tnx")}
+    assert "not-transcribed" in ids and "tnx-silent-misread" in ids and "nxdi-pad-inputs-no-padding" not in ids
+    # patterns too broad would hide a divergence: the batch-2 probe without a mask (both sides assert) is not named
+    assert not any(p.search("SpeculativeGenerator[batch 2 without attention_mask]")
+                   for _, p in fidelity.declared_probes("tnx"))
+
+
+# ------------------------------------------------------------------------------------------ the loop probes' fake
+def test_fake_model_is_deterministic_and_answers_the_loops_calls():
+    torch = pytest.importorskip("torch")
+    fake = fidelity._FakeLM(vocab=24, boost={(1, 3): 2})
+    ids = torch.tensor([[5, 9, 3], [7, 1, 4]])
+    a, b = fake(ids), fidelity._FakeLM(vocab=24, boost={(1, 3): 2})(ids)
+    assert a.shape == (2, 24) and torch.equal(a, b)  # the same ids and positions give the same scores
+    assert a[:, 0].eq(-float("inf")).all()  # the pad id is never proposed
+    assert int(a[1].argmax()) == 2 and int(a[0].argmax()) != 2  # the boost: row 1's token at position 3
+    # a right-padded row is read at its last real position (cache_ids = arange * mask)
+    masked = fake(ids, torch.tensor([[0, 1, 2], [0, 1, 0]]))
+    assert torch.equal(masked[0], a[0]) and torch.equal(masked[1], fake._scores(1, 1, 1))
+    spec = fake.speculative_forward(ids, torch.tensor([0, 1, 2]), None, 3)
+    assert spec.shape == (3, 24, 2) and torch.equal(spec[2, :, 0], a[0])
+    assert [c[0] for c in fake.calls] == ["call", "call", "speculative_forward"]
+    assert fidelity._FakeLM(emit_tokens=True)(ids).shape == (2, 1)
+    fake.calls = [None] * fidelity._FakeLM.MAX_CALLS
+    with pytest.raises(RuntimeError, match="too many calls"):
+        fake(ids)
+
+
+def test_loop_outcome_records_what_the_loop_showed():
+    torch = pytest.importorskip("torch")
+    streamer, stop = fidelity._Streamer(), fidelity._StopAfter(2)
+    streamer.put(torch.tensor([[1], [2]]))
+    streamer.end()
+    assert [stop(torch.tensor([[4, 5]]), torch.zeros(1, 3)) for _ in range(2)] == [False, True]
+    seen = fidelity._loop_outcome(lambda: torch.tensor([1]), None, streamer, [stop])["value"]
+    assert seen["streamer"] == [["put", [[1], [2]]], "end"]
+    assert seen["stopping_criteria_0"] == [[[[4, 5]], [1, 3]]] * 2 and "rng_after" in seen
+    assert fidelity._loop_outcome(lambda: 1 / 0)["raises"] == "ZeroDivisionError"

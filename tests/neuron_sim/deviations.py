@@ -60,14 +60,27 @@ DEVIATIONS = [
          what="Features not transcribed raise NotImplementedError: NxDI fused speculation, EAGLE, Medusa, async mode, "
               "chunked prefill, LoRA, tensor replacement/capture at run time, a batch larger than the compiled one, "
               "input_start_offsets, modules_to_not_convert finer than 'layers.N' or 'lm_head' (and 'layers.N' with "
-              "per_tensor_symmetric), quantization dtypes other than int8; tnx features listed in its modules.",
+              "per_tensor_symmetric), quantization dtypes other than int8; tnx features listed in its modules "
+              "(among them batched speculation: SpeculativeGenerator.sample with batch > 1).",
          why="The notebooks do not use them; reproducing them without the hardware would be guesswork.",
-         cannot_pass="NotImplementedError fails the call; a feature is never silently skipped."),
+         cannot_pass="NotImplementedError fails the call; a feature is never silently skipped.",
+         probes=[r"^SpeculativeGenerator\[batch \d+( right-padded)?\]$"]),
     dict(id="nxdi-platform-inf2", stack="nxdi",
          what="Hardware queries (get_platform_target, logical NeuronCores) answer as an inf2/trn1 instance "
               "(logical_nc_config 1).",
          why="The pinned stacks' last Inf2/Trn1 release is what the notebooks target.",
          cannot_pass="On inf2/trn1 the release answers the same; trn2-only settings are not claimed."),
+    dict(id="tnx-silent-misread", stack="tnx",
+         what="ContractError where transformers-neuronx silently misreads the call: SpeculativeGenerator.sample with "
+              "a left-padded attention_mask (it takes count_nonzero(attention_mask) as each row's end and writes the "
+              "new tokens over the prompt), a left-padded batch without start_ids, a KV-cache position past "
+              "n_positions, a checkpoint with rope_parameters but no rope_theta (read as rope_theta=10000), load() "
+              "after to_neuron() (no effect).",
+         why="The reference engine cannot reproduce the release's wrong tokens bit for bit; failing loudly keeps a "
+             "notebook from passing on output the release would have spoiled.",
+         cannot_pass="Each case gives wrong output (or silently ignores the call) on the release; on the stand-in "
+                     "it is an error.",
+         probes=[r"^SpeculativeGenerator\[mask left-padded\]$"]),
     dict(id="tnx-module-functions", stack="tnx",
          what="_sanity_check (a function nested in PretrainedModel.from_pretrained) and check_gqa_fallback (a "
               "DecoderLmHeadForSamplingNoEmbedding method) are module-level functions of transformers_neuronx.base "

@@ -15,13 +15,28 @@ engine's, see ``transformers_neuronx.base``). What a caller sees, all from the s
 - ``stopping_criteria_list(input_ids, probs)`` is called after each step with the *prompt* ids (not the ids
   generated so far, aws-neuron/transformers-neuronx#75) and the step's top-k probabilities; a truthy result
   ends the loop for every row.
+- ``simple_sample`` -> ``sample_loop`` (the older loop, kept as published): EOS is never sampled (its score is
+  set to -inf in the caller's tensor), top-k only, ``if cache_ids:`` tests the tensor's truth value (so
+  ``cache_ids=tensor([0])`` starts at the prompt length). ``sample_tokens`` (on-device generation: the model
+  returns tokens) is transcribed too; the stand-in's models refuse ``on_device_generation`` at ``to_neuron()``,
+  so only a caller's own model reaches it.
 """
+import warnings
 from typing import Optional
 
 import torch
 
 from transformers_neuronx.config import GenerationConfig
 from transformers_neuronx.stopping_criteria import StoppingCriteriaList
+
+
+@torch.no_grad()
+def simple_sample(model, input_ids, start_ids, sequence_length, eos_token_id=2, top_k=50, streamer=None,
+                  output_scores=False, cache_ids=None):
+    # populate key/value caches according to the prompt text
+    next_token_scores = model(input_ids, None, start_ids)
+    return sample_loop(model, input_ids, start_ids, next_token_scores, sequence_length,
+                       eos_token_id, top_k, streamer, output_scores=output_scores, cache_ids=cache_ids)
 
 
 @torch.no_grad()
@@ -35,8 +50,65 @@ def sample_tokens(
         streamer=None,
         cache_ids: Optional[torch.Tensor] = None,
     ):
-    raise NotImplementedError("on-device generation (NeuronConfig(on_device_generation=...)) is not computed by the "
-                              "transformers-neuronx stand-in")
+    """The loop for a model that emits its selected tokens (on-device generation). The stand-in's models refuse
+    ``on_device_generation`` at ``to_neuron()`` (not computed), so only a caller's own model reaches this."""
+    batch_size, start = input_ids.shape
+
+    # Populate the KV cache with prompt
+    next_tokens = model(input_ids, cache_ids, start_ids)
+
+    tokens = [input_ids]
+
+    # Use a default config if none is provided
+    if config is None:
+        config = GenerationConfig()
+
+    early_stop = False
+    if config.eos_token_id is not None:
+        done_flags = torch.full((batch_size, 1), False)
+        eos_token = config.eos_token_id
+        if isinstance(eos_token, int):
+            eos_token = [eos_token]
+        eos_token = torch.tensor(eos_token, dtype=torch.int32)
+        early_stop = True
+
+    # Generate loop
+    for current in range(start + 1, sequence_length + 1):
+
+        if early_stop:
+            eos_flags = torch.isin(next_tokens, eos_token)
+            done_flags |= (eos_flags)
+            if batch_size > 1:  # Avoid writing tokens to completed sequnces
+                # no need to set positions that are already eos
+                next_tokens[torch.logical_and(done_flags, ~eos_flags)] = eos_token[0]
+
+        tokens.append(next_tokens)
+
+        if streamer:
+            streamer.put(next_tokens)
+
+        if early_stop:
+            if done_flags.all():
+                break
+
+        if current >= sequence_length:
+            break
+
+        cache_ids = torch.as_tensor([current-1], dtype=torch.int32)
+        if model.neuron_config and model.neuron_config.use_2d_cache_ids:
+            warnings.warn(
+                "We are making the assumption that all the sequences progress at the same rate in naive continuous "
+                "batching. Please make sure you are running naive continuous batching which is enabled by adding the "
+                "--continuous_batching flag in generation_demo."
+            )
+            cache_ids = cache_ids.unsqueeze(0).expand(batch_size, 1)
+
+        next_tokens = model(next_tokens, cache_ids, start_ids)
+
+    if streamer:
+        streamer.end()
+
+    return torch.cat(tokens, dim=-1)
 
 
 def sample_greedy(model, input_ids, start_ids=None, sequence_length=128):
@@ -53,6 +125,59 @@ def sample_greedy(model, input_ids, start_ids=None, sequence_length=128):
         # forward pass to get next token
         cache_ids = torch.as_tensor([cur_len], dtype=torch.int32)
         next_token_scores = model(inputs, cache_ids, start_ids)
+
+    return torch.cat(tokens, dim=-1)
+
+
+def sample_loop(model, input_ids, start_ids, next_token_scores, sequence_length, eos_token_id=2,
+                top_k=50, streamer=None, output_scores=False, neuron_config=None, log_softmax_scores=None,
+                cache_ids=None):
+    log_softmax = neuron_config and neuron_config.log_softmax_scores
+    tokens = [input_ids]
+    _, start = input_ids.shape
+    if cache_ids:  # (as published: a tensor's truth value, so cache_ids=tensor([0]) keeps start)
+        start = cache_ids.item() + 1
+    scores = []
+    ls_scores = []
+    for cur_len in range(start, sequence_length):
+        next_len = cur_len + 1
+
+        # don't sample EOS
+        next_token_scores[:, eos_token_id] = -float('inf')
+
+        # Remove all tokens with a probability less than the last token of the top-k
+        if output_scores:
+            scores.append(next_token_scores)
+            if log_softmax:
+                ls_scores.append(log_softmax_scores)
+        topk_values, topk_indices = torch.topk(next_token_scores, top_k)
+
+        # sample
+        probs = torch.nn.functional.softmax(topk_values, dim=-1, dtype=torch.float32)
+        inputs_in_topk = torch.multinomial(probs, num_samples=1, replacement=True)
+        inputs = torch.gather(topk_indices, 1, inputs_in_topk)
+        tokens.append(inputs)
+
+        if streamer:
+            streamer.put(inputs)
+
+        if next_len >= sequence_length:
+            break
+
+        # forward pass to get next token
+        cache_ids = torch.as_tensor([cur_len], dtype=torch.int32)
+        if log_softmax:
+            next_token_scores, log_softmax_scores = model(inputs, cache_ids, start_ids)
+        else:
+            next_token_scores = model(inputs, cache_ids, start_ids)
+
+    if streamer:
+        streamer.end()
+
+    if output_scores:
+        if log_softmax:
+            return torch.cat(tokens, dim=-1), scores, ls_scores
+        return torch.cat(tokens, dim=-1), scores
 
     return torch.cat(tokens, dim=-1)
 
