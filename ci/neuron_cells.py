@@ -54,19 +54,21 @@ def overrides_for(params: dict, stem: str, model_dir: str) -> dict:
     return {"model_dir": model_dir, **(params.get("all") or {}), **(params.get(stem.split("_")[0]) or {})}
 
 
-def cell_scripts(stack: str, notebooks: list[Path], params: dict, model_dir: str):
-    """(name, script) of every ``stack`` Neuron cell of ``notebooks``, in notebook order."""
-    used = {"model_dir"}
+def cell_scripts(stack: str, notebooks: list[Path], params: dict, model_dir: str) -> list[tuple[str, str]]:
+    """(name, script) of every ``stack`` Neuron cell of ``notebooks``, in notebook order. An override of these
+    notebooks that no # EDIT block of their cells sets is refused first (a typo would otherwise change nothing)."""
+    scripts, used, given = [], {"model_dir"}, set((params.get("all") or {}))
     for path in notebooks:
         nb = nbformat.read(str(path), as_version=4)
         overrides = overrides_for(params, path.stem, model_dir)
+        given |= set(params.get(path.stem.split("_")[0]) or {})
         for i, cell in harness.neuron_cells(nb, stack):
             mine = {k: v for k, v in overrides.items() if k in harness.edit_names(cell.source)}
             used |= set(mine)
-            yield f"{path.stem}-cell{i}", harness.script_for(cell.source, mine)
-    given = {k for section in params.values() for k in (section or {})}
-    if given - used:  # a misspelled name would otherwise change nothing
+            scripts.append((f"{path.stem}-cell{i}", harness.script_for(cell.source, mine)))
+    if given - used:
         raise SystemExit(f"neuron-cells params: {sorted(given - used)} are set by no # EDIT block of these cells")
+    return scripts
 
 
 def run_script(script: Path, timeout: float) -> tuple[bool, str, float]:

@@ -124,7 +124,7 @@ def _run_cells(tmp_path, body):
     lib.mkdir(parents=True)
     (lib / "__init__.py").write_text("import helpers.prompts  # a stand-in may reach helpers\n")
     nb = v4.new_notebook(cells=[v4.new_code_cell(_cell(body), metadata={"tags": ["neuron", "tnx"]})])
-    script = next(runner.cell_scripts("tnx", [_write(tmp_path / "99_x.ipynb", nb)], {}, "/embedded"))[1]
+    script = runner.cell_scripts("tnx", [_write(tmp_path / "99_x.ipynb", nb)], {}, "/embedded")[0][1]
     path = tmp_path / "cell.py"
     path.write_text(script)
     env = {"PYTHONPATH": f"{REPO}:{lib.parent}"}
@@ -171,3 +171,15 @@ def test_runner_fails_a_cell_that_skipped_itself(tmp_path):
     path.write_text(_cell("# EDIT\nmodel_dir = 'x'\n"))
     ok, output, _ = runner.run_script(path, timeout=60)
     assert not ok and "skipped itself" in output, output
+
+
+def test_runner_refuses_an_override_no_cell_sets(tmp_path):
+    import nbformat.v4 as v4
+
+    nb = v4.new_notebook(cells=[v4.new_code_cell(_cell(GOOD), metadata={"tags": ["neuron", "tnx"]})])
+    path = _write(tmp_path / "99_x.ipynb", nb)
+    runner = _runner()
+    assert runner.cell_scripts("tnx", [path], {"all": {"n": 3}}, "/m")  # set by the cell: fine
+    with pytest.raises(SystemExit, match="typo"):
+        runner.cell_scripts("tnx", [path], {"all": {"typo": 3}}, "/m")
+    assert runner.cell_scripts("tnx", [path], {"07": {"typo": 3}}, "/m")  # another notebook's: not this run's
