@@ -139,6 +139,8 @@ def machine_choice(threads: int | None = None) -> dict:
     rec = _read(path, key)
     source = "cache file"
     if rec is None:
+        if path.exists():  # unreadable, or names a kernel no longer available here: time again, once
+            path.unlink(missing_ok=True)
         before = torch.get_num_threads()
         torch.set_num_threads(key["threads"])
         try:
