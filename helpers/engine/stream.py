@@ -10,9 +10,10 @@ SmolLM2's layers against oneDNN's 200-216; 1024 rows: 1251 against MKL's 1270-13
 
 It is C with AVX2 intrinsics, built on first use with the system C compiler (``$CC`` or ``cc``) into
 ``helpers.model_store.cache_dir()/kernels`` (``~/.cache/neuron-llm-notebooks/kernels``, or under
-``$NEURON_NB_CACHE``; an older ``~/.cache/neuron-inference-notebooks`` is no longer read) and called through ``ctypes``; where that cannot happen (no compiler,
-no AVX2 + FMA, not x86-64, a second OpenMP runtime, a cached library that does not load) :func:`load` says
-why and ``helpers.engine.kernels`` times and uses its other kernels only.
+``$NEURON_NB_CACHE``; an older ``~/.cache/neuron-inference-notebooks`` is no longer read) and called
+through ``ctypes``; where that cannot happen (no compiler, no AVX2 + FMA, not x86-64, a second OpenMP
+runtime, a cached library that does not load) :func:`load` says why and ``helpers.engine.kernel_choice``
+times and uses the other kernels only.
 """
 from __future__ import annotations
 
