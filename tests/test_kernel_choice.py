@@ -69,6 +69,18 @@ def test_timed_once_per_machine_then_read_back(fresh_cache, monkeypatch):
     assert KC.machine_choice()["kernels"] == B and json.loads(path.read_text())["kernels"] == B
 
 
+def test_an_unwritable_cache_keeps_the_timing_for_this_process(fresh_cache, monkeypatch):
+    def refuse(path, rec):
+        raise PermissionError(f"read-only: {path}")
+
+    monkeypatch.setattr(KC, "_write_once", refuse)
+    monkeypatch.setattr(KC, "time_here", _timed(B))
+    rec = KC.machine_choice()
+    assert rec["kernels"] == B and "not cached" in rec["source"] and not Path(rec["path"]).exists()
+    monkeypatch.setattr(KC, "time_here", lambda repeats=3: pytest.fail("timed twice in one process"))
+    assert KC.machine_choice() is rec
+
+
 def test_the_first_writer_wins(fresh_cache):
     """Two processes timing at once (the ranks of a tensor-parallel model) keep the first file written."""
     path = fresh_cache / "kernels" / "matmul-x.json"

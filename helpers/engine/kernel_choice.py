@@ -133,27 +133,30 @@ def machine_choice(threads: int | None = None) -> dict:
     and everyone then reads what was written). Needs ``threads`` = the thread count the model will run with."""
     key = machine_key(threads)
     path = choice_path(key)
-    memo = path.name
+    memo = str(path)
     if memo in _chosen:
         return _chosen[memo]
     rec = _read(path, key)
     source = "cache file"
     if rec is None:
-        if path.exists():  # unreadable, or names a kernel no longer available here: time again, once
-            path.unlink(missing_ok=True)
         before = torch.get_num_threads()
         torch.set_num_threads(key["threads"])
         try:
             timed = time_here()
         finally:
             torch.set_num_threads(before)
-        _write_once(path, {"key": key, "kernels": {c: t["kernel"] for c, t in timed.items()},
-                           "ms": {c: t["ms"] for c, t in timed.items()}})
-        rec, source = _read(path, key), "timed here"
-        if rec is None:  # an unwritable cache: keep it for this process only
-            rec = {"key": key, "kernels": {c: t["kernel"] for c, t in timed.items()},
-                   "ms": {c: t["ms"] for c, t in timed.items()}}
-            source = "timed here (not cached: the cache folder is not writable)"
+        mine = {"key": key, "kernels": {c: t["kernel"] for c, t in timed.items()}, "ms": {c: t["ms"] for c, t in timed.items()}}
+        try:
+            if path.exists() and _read(path, key) is None:  # unreadable, or naming a kernel gone: replaced, once
+                path.unlink(missing_ok=True)
+            _write_once(path, mine)
+        except OSError:
+            pass
+        rec = _read(path, key)
+        if rec is None:  # an unwritable cache: this process keeps its own timing
+            rec, source = mine, "timed here (not cached: the cache folder is not writable)"
+        else:
+            source = "timed here" if rec["ms"] == mine["ms"] else "written by another process while this one timed"
     _chosen[memo] = dict(rec, path=str(path), source=source)
     return _chosen[memo]
 
