@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import helpers  # noqa: E402
+from helpers.engine import kernel_choice  # noqa: E402
 from helpers.engine import kernels as engine_kernels  # noqa: E402
 from helpers.engine import stream as engine_stream  # noqa: E402
 from helpers.engine.timing import step_seconds  # noqa: E402
@@ -93,8 +94,8 @@ def memory_bandwidth(mib: int, repeats: int) -> dict:
 def gemv_bandwidth(dtype: torch.dtype, repeats: int) -> dict:
     """GB/s of batch-1 matmuls over LM-head-sized weights: ``F.linear`` (MKL) in the checkpoint's
     [out, in] layout and column-major, and the reduction split over the threads on column-major
-    (``helpers.engine.kernels.split_k_linear``): how close each kernel gets to the bandwidth. The engine
-    uses whichever of the last two ``helpers.engine.kernels.tune_matmuls`` measures faster on the model."""
+    (``helpers.engine.kernels.split_k_linear``): how close each kernel gets to the bandwidth. The engine's
+    choice among its kernels (``helpers.engine.kernel_choice``) is printed at the end."""
     ws = [torch.randn(49152, 576).to(dtype) for _ in range(4)]  # 4 x 113 MB (f32): no cache reuse
     x = torch.randn(1, 576).to(dtype)
     out = {}
@@ -429,12 +430,16 @@ def main(argv=None) -> int:
     with contextlib.redirect_stdout(log):
         torch.manual_seed(0)
         load0 = os.getloadavg()
+        cpu = kernel_choice.cpu_info()
         machine = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                   "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                   "torch": torch.__version__, "device": a.device,
+                   "cpu_model": cpu["model"], "isa_flags": cpu["isa"], "cpu_count": os.cpu_count(),
+                   "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+                   "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "device": a.device,
                    "gpu": torch.cuda.get_device_name() if a.device == "cuda" else None}
-        print(f"machine: {machine['cpu_count']} CPUs, torch {machine['torch']} with {machine['torch_threads']} "
-              f"threads, device {a.device}, load average {load0[0]:.2f} (1 min)")
+        print(f"machine: {machine['cpu_model']} ({cpu['machine']}), {machine['cpu_count']} CPUs, torch {machine['torch']} "
+              f"with {machine['torch_threads']} threads, device {a.device}, load average {load0[0]:.2f} (1 min)")
+        print(f"ISA flags: {' '.join(cpu['isa']) or '(none of ' + ', '.join(kernel_choice.ISA_FLAGS) + ')'}"
+              f"  [{machine['platform']}]")
         if a.device == "cuda":
             bw = cuda_bandwidth(a.bandwidth_mib, max(5, a.repeats))
         else:
@@ -458,18 +463,26 @@ def main(argv=None) -> int:
             steps.append(bench_steps(amp, a, device))
             print_steps(steps[-1])
         if device.type == "cpu":
-            tuned = engine_kernels.matmul_tuning.get(torch.get_num_threads()) or {}
-            kernels = {case: engine_kernels.matmul_kernel(case) for case in engine_kernels.MATMUL_KERNELS}
-            print("\nengine's f32 matmul kernels (helpers.engine.kernels.tune_matmuls, ms per pass over the model's weights):")
+            kernels = kernel_choice.planned_kernels()
+            forced = {case: engine_kernels.forced_kernel(case) for case in kernels}
+            rec = None if all(forced.values()) else kernel_choice.machine_choice()
+            print("\nengine's f32 matmul kernels per shape family (helpers.engine.kernel_choice: timed once per machine, "
+                  "ms per pass over synthetic SmolLM2-shaped weights):")
             for case, kernel in kernels.items():
-                label = "1 row" if case == "one_row" else f"{tuned.get('n_rows', engine_kernels.MATMUL_TUNE_ROWS)} rows"
-                ms = tuned.get(case, {}).get("ms")
-                how = ", ".join(f"{k} {v:.1f}" for k, v in ms.items()) if ms else f"${engine_kernels.MATMUL_ENV[case]} or the default"
-                print(f"  {label:8s} {kernel:8s} ({how})")
+                label = {"one_row": "1 row", "rows": f"2-{engine_kernels.FEW_ROWS} rows",
+                         "prefill": f">{engine_kernels.FEW_ROWS} rows"}[case]
+                ms = rec["ms"].get(case) if rec else None
+                how = (f"forced by ${engine_kernels.MATMUL_ENV[case]} (or $NEURON_NB_GEMM)" if forced[case] else
+                       ", ".join(f"{k} {v:.1f}" for k, v in ms.items()) + f" at {engine_kernels.MATMUL_TUNE_ROWS[case]} rows")
+                print(f"  {label:10s} {kernel:8s} ({how})")
+            if rec:
+                print(f"  choice: {rec['source']}, {rec['path']}")
             why = engine_stream.unavailable_reason()
             print("  stream kernel: " + (f"unavailable here ({why}), not timed" if why else
                                          f"built with the system C compiler into {engine_stream.cache_dir()}"))
-            machine["matmul_kernels"], machine["matmul_tuning"] = kernels, tuned or None
+            machine["matmul_kernels"] = kernels
+            machine["matmul_tuning"] = None if rec is None else {"ms": rec["ms"], "source": rec["source"],
+                                                                  "path": rec["path"], "key": rec["key"]}
             machine["stream_kernel_unavailable"] = why
         load1 = os.getloadavg()
         goal = goal_status(results)

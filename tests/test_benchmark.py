@@ -33,7 +33,11 @@ def test_prints_every_figure_and_ratio(report):
                    "engine_over_roofline", "goal (f32, batch 1", "engine's f32 matmul kernels", "steps by rows",
                    "engine_prefill_over_hf", "goal (f32, a step over 8 rows", "goal (f32, engine prefill"):
         assert needle in text
-    assert set(rep["machine"]["matmul_kernels"]) == {"one_row", "rows"}
+    assert set(rep["machine"]["matmul_kernels"]) == {"one_row", "rows", "prefill"}
+    from helpers.engine.kernel_choice import cpu_info
+    cpu = cpu_info()  # the CPU and its ISA flags, as /proc/cpuinfo (or platform) has them
+    assert rep["machine"]["cpu_model"] == cpu["model"] and rep["machine"]["isa_flags"] == cpu["isa"]
+    assert f"machine: {cpu['model']}" in text and "ISA flags: " + " ".join(cpu["isa"]) in text
     bw = rep["bandwidth"]
     assert bw["roofline_gbs"] == max(bw["copy_gbs"]["median"], bw["read_gbs"]["median"]) > 0
     (r,) = rep["results"]
@@ -132,56 +136,54 @@ def test_cpu_linear_is_f_linear(threads, rows, bias, kernel, monkeypatch):
         torch.set_num_threads(before)
 
 
-def test_matmul_kernels_are_tuned_once_on_big_weights(monkeypatch):
-    """tune_matmuls times the kernels on weights larger than the caches, once per thread count, and
-    cpu_linear then runs the winners (any kernel computes F.linear); small weights skip the timing;
-    $NEURON_NB_GEMV / $NEURON_NB_GEMM force a kernel and an unknown one is refused by name."""
+def test_time_matmuls_times_every_candidate_of_each_family(monkeypatch):
+    """time_matmuls times every available candidate of each family (one row, a few rows, prefill) on weights with
+    their copies, and cpu_linear runs any of them as F.linear; $NEURON_NB_GEMV / $NEURON_NB_GEMM /
+    $NEURON_NB_PREFILL force a kernel ($NEURON_NB_GEMM prefill too) and an unknown one is refused by name."""
     import helpers.engine.kernels as E
 
     for env in E.MATMUL_ENV.values():
         monkeypatch.delenv(env, raising=False)
-    monkeypatch.setattr(E, "matmul_tuning", {})
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        small = [E.column_major(torch.randn(64, 64))]
-        assert E.tune_matmuls(small) is None and E.matmul_tuning == {}
-        stream = {"stream"} if E.kernel_available("stream") else set()
-        assert (E.matmul_kernel("one_row"), E.matmul_kernel("rows")) == ("split-k", "stream" if stream else "packed")
-        big = [E.column_major(torch.randn(4096, 2048)) for _ in range(3)]  # 3 x 32 MiB
+        ws = [E.column_major(torch.randn(256, 128)) for _ in range(3)]
         for kind in E.COPIES:
-            E.pack_weights(big, kind)
-        t = E.tune_matmuls(big, repeats=1)
+            E.pack_weights(ws, kind)
+        t = E.time_matmuls({case: ws for case in E.MATMUL_KERNELS}, repeats=1)
+        stream = {"stream"} if E.kernel_available("stream") else set()
         assert set(t["one_row"]["ms"]) == {"split-k", "packed", "mkl"} | stream
-        assert set(t["rows"]["ms"]) == {"packed", "onednn", "mkl"} | stream
-        assert t["bytes"] == 3 * 4096 * 2048 * 4 and E.tune_matmuls(big) is t  # once per thread count
+        assert set(t["rows"]["ms"]) == set(t["prefill"]["ms"]) == {"packed", "onednn", "mkl"} | stream
         for case, kernels in E.MATMUL_KERNELS.items():
-            assert t[case]["kernel"] in kernels and set(t[case]["ms"]) <= set(kernels)
-            assert E.matmul_kernel(case) == t[case]["kernel"]
-        for case, kernels in E.MATMUL_KERNELS.items():
+            assert t[case]["kernel"] == min(t[case]["ms"], key=t[case]["ms"].get) and set(t[case]["ms"]) <= set(kernels)
             for kernel in filter(E.kernel_available, kernels):
-                E.matmul_tuning[2] = dict(t, **{case: {"kernel": kernel}})
-                x = torch.randn(1 if case == "one_row" else 5, 2048)
-                assert torch.allclose(E.cpu_linear(x, big[0]), x @ big[0].t(), atol=1e-3)
+                chosen = dict(E.default_kernels(), **{case: kernel})
+                x = torch.randn({"one_row": 1, "rows": 5, "prefill": E.FEW_ROWS + 3}[case], 128)
+                assert E.family(x.shape[0]) == case
+                assert torch.allclose(E.CpuLinear(chosen)(x, ws[0]), x @ ws[0].t(), atol=1e-3)
         monkeypatch.setenv("NEURON_NB_GEMM", "mkl")
-        assert E.matmul_kernel("rows") == "mkl"
+        assert E.forced_kernel("rows") == E.forced_kernel("prefill") == "mkl"
+        monkeypatch.setenv("NEURON_NB_PREFILL", "onednn")
+        assert E.forced_kernel("prefill") == "onednn" and E.forced_kernel("one_row") is None
         monkeypatch.setenv("NEURON_NB_GEMV", "fast")
         with pytest.raises(ValueError, match="NEURON_NB_GEMV='fast': use one of"):
-            E.matmul_kernel("one_row")
+            E.forced_kernel("one_row")
     finally:
         torch.set_num_threads(before)
 
 
 def test_cpu_linear_serves_the_f32_cpu_engine_only():
-    from helpers.engine.kernels import COPIES, copies_wanted, cpu_linear, decode_matrices, packed_weight
+    from helpers.engine.kernel_choice import planned_kernels
+    from helpers.engine.kernels import COPIES, CpuLinear, decode_matrices, packed_weight
 
     m = helpers.NeuronModel(None, batch_size=1, n_positions=128).to_neuron()
-    assert m.model.linear is cpu_linear and m.model.w.layers[0].w2.t().is_contiguous()
-    for kind in COPIES:  # a kernel's copies only where a case runs that kernel
+    assert isinstance(m.model.linear, CpuLinear) and m.model.w.layers[0].w2.t().is_contiguous()
+    assert m.model.linear.kernels == m.model.matmul_kernels == planned_kernels()
+    for kind in COPIES:  # a kernel's copies only where a family runs that kernel
         kept = [packed_weight(t, kind) is not None for t in decode_matrices(m.model.w)]
-        assert all(kept) if kind in copies_wanted() else not any(kept)
+        assert all(kept) if kind in m.model.matmul_kernels.values() else not any(kept)
     m16 = helpers.NeuronModel(None, batch_size=1, n_positions=128, amp="bf16").to_neuron()
-    assert m16.model.linear is torch.nn.functional.linear
+    assert m16.model.linear is torch.nn.functional.linear and m16.model.matmul_kernels is None
     assert not any(packed_weight(t, kind) is not None for t in decode_matrices(m16.model.w) for kind in COPIES)
 
 
@@ -210,22 +212,36 @@ def test_packed_copies_live_and_die_with_their_weight(monkeypatch):
     assert key not in E._copies["packed"]
 
 
-def test_copies_follow_the_forced_and_timed_kernels(monkeypatch):
+def test_copies_follow_the_models_kernels():
+    """A model keeps only the copies its own kernels read ("stream", "packed") and records its kernels."""
     import helpers.engine.kernels as E
 
-    monkeypatch.setattr(E, "matmul_tuning", {})
-    for env in E.MATMUL_ENV.values():
-        monkeypatch.delenv(env, raising=False)
-    assert E.copies_wanted(2) == {k for k in E.COPIES if E.kernel_available(k)}  # nothing timed: copies to time
-    E.matmul_tuning[2] = {"one_row": {"kernel": "split-k"}, "rows": {"kernel": "onednn"}}
-    assert E.copies_wanted(2) == set()
-    E.matmul_tuning[2]["rows"]["kernel"] = "packed"
-    assert E.copies_wanted(2) == {"packed"}
-    E.matmul_tuning[2]["one_row"]["kernel"] = "stream"
-    assert E.copies_wanted(2) == {"packed", "stream"}
-    monkeypatch.setenv("NEURON_NB_GEMV", "mkl")
-    monkeypatch.setenv("NEURON_NB_GEMM", "onednn")
-    assert E.copies_wanted(3) == set()  # both forced, neither reads a copy
+    for kernels, copies in (({"one_row": "split-k", "rows": "onednn", "prefill": "mkl"}, set()),
+                            ({"one_row": "mkl", "rows": "packed", "prefill": "onednn"}, {"packed"}),
+                            ({"one_row": "stream", "rows": "packed", "prefill": "packed"}, {"packed", "stream"})):
+        if not all(E.kernel_available(k) for k in kernels.values()):
+            continue
+        tr = _tiny_transformer()
+        E.use_kernels(tr, kernels)
+        assert tr.matmul_kernels == kernels and tr.linear.kernels == kernels
+        for kind in E.COPIES:
+            kept = [E.packed_weight(t, kind) is not None for t in E.decode_matrices(tr.w)]
+            assert all(kept) if kind in copies else not any(kept), (kernels, kind)
+
+
+def _tiny_transformer():
+    from helpers.engine.config import ModelArgs
+    from helpers.engine.model import Comm, Transformer
+    from helpers.engine.weights import shard_state
+    from helpers.model_store import load_config, load_state_dict
+    import tempfile
+    from tiny_models import write_tiny
+
+    d = tempfile.mkdtemp()
+    write_tiny(d)
+    args = ModelArgs.from_hf(load_config(d))
+    return Transformer(args, shard_state(load_state_dict(d), args, torch.float32), Comm(), 1, 64,
+                       torch.device("cpu"), torch.float32)
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ import helpers
 from helpers.prompts import encode_prompts, hf_greedy
 
 LOGITS_ATOL = 1e-3
+BF16_REL_TOL = 0.05  # bf16 logits against f32's, relative to the largest |logit| (test_bf16_runs_and_tracks_f32)
 NEW_TOKENS = 128
 PROMPTS = ["Explain how a rainbow forms.", "Write a short story about a robot who learns to paint, in three paragraphs."]
 
@@ -61,10 +62,18 @@ def test_sampling_is_reproducible_with_a_seeded_generator(tokenizer):
 
 
 def test_bf16_runs_and_tracks_f32(tokenizer):
+    """bf16 tracks f32 within what bf16's rounding allows, not token for token.
+
+    bf16 keeps 8 significant bits (a relative step of 2**-8 per rounding), accumulated over 30 layers: on a
+    2-core AMD EPYC the last-position logits differed from f32's by up to 1.4-1.6% of the largest |logit|
+    (0.43 on logits up to 30.6), while f32's two best tokens for this prompt are 0.05 apart. Which of the two
+    bf16 picks depends on the CPU's bf16 kernels (AVX-512 BF16 / AMX round in other orders), so the test bounds
+    the difference (BF16_REL_TOL, 3x the measured one) instead of asserting the same next token."""
     enc = encode_prompts(tokenizer, PROMPTS[:1], 1)
     model = _engine(1, amp="bf16")
     logits = model.forward(enc.input_ids)
     ref = _engine(1).forward(enc.input_ids)
     assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
-    assert logits.argmax(-1).item() == ref.argmax(-1).item()
+    err = (logits - ref).abs().max().item()
+    assert 0 < err <= BF16_REL_TOL * ref.abs().max().item(), err  # 0: bf16 would not have run at all
     assert model.weight_bytes * 2 == _engine(1).weight_bytes

@@ -48,34 +48,34 @@ def test_stream_layout_needs_whole_blocks_and_refuses_a_mismatch():
 
 @needs_stream
 def test_built_once_into_the_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    """The library lives in the one cache home, helpers.model_store.cache_dir() ($NEURON_NB_CACHE), under kernels/."""
+    monkeypatch.setenv("NEURON_NB_CACHE", str(tmp_path))
     monkeypatch.setattr(stream, "_state", {})
     assert stream.load() is not None and stream.unavailable_reason() is None
-    (built,) = (tmp_path / "neuron-inference-notebooks").glob("stream_linear-*.so")
+    (built,) = (tmp_path / "kernels").glob("stream_linear-*.so")
     stamp = built.stat().st_mtime_ns
     monkeypatch.setattr(stream, "_state", {})
     assert stream.load() is not None and built.stat().st_mtime_ns == stamp  # reused, not rebuilt
 
 
 def test_without_a_compiler_it_says_why_and_is_left_out(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("NEURON_NB_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "no-such-cc")
     monkeypatch.setattr(stream, "_state", {})
     for env in E.MATMUL_ENV.values():
         monkeypatch.delenv(env, raising=False)
-    monkeypatch.setattr(E, "matmul_tuning", {})
     assert stream.load() is None and "no-such-cc" in stream.unavailable_reason()
-    assert not E.kernel_available("stream") and "stream" not in E.copies_wanted()
-    assert E.matmul_kernel("rows") != "stream" and E.matmul_kernel("one_row") != "stream"
+    assert not E.kernel_available("stream") and "stream" not in E.default_kernels().values()
+    assert not any("stream" in E.candidates(case, [E.column_major(torch.randn(32, 16))], 2) for case in E.MATMUL_KERNELS)
     w = E.column_major(torch.randn(32, 16))
     assert E.pack_weights([w], "stream") == 0 and E.packed_weight(w, "stream") is None
     monkeypatch.setenv("NEURON_NB_GEMM", "stream")
     with pytest.raises(ValueError, match="NEURON_NB_GEMM='stream': that kernel is unavailable here .*no-such-cc"):
-        E.matmul_kernel("rows")
+        E.forced_kernel("rows")
 
 
 def test_a_library_that_does_not_load_is_reported_not_raised(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("NEURON_NB_CACHE", str(tmp_path))
     monkeypatch.setattr(stream, "_state", {})
     bad = stream.library_path(os.environ.get("CC") or "cc")  # e.g. a cache shared with another machine
     bad.parent.mkdir(parents=True)

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from ..engine.generation import graph_kinds
-from ..engine.kernels import cpu_linear
+from ..engine.kernels import CpuLinear, cpu_linear
 from ..engine.model import Transformer, build_mask
 from ..engine.weights import LayerWeights
 
@@ -129,7 +129,7 @@ def example_inputs(tr: Transformer, spec: dict, batch: int) -> tuple:
 
 
 def export_unit(tr: Transformer, spec: dict, batch: int, artifact: str = "export") -> torch.export.ExportedProgram:
-    if artifact == "aoti" and tr.linear is cpu_linear:
+    if artifact == "aoti" and (tr.linear is cpu_linear or isinstance(tr.linear, CpuLinear)):
         # AOTInductor graphs call F.linear (an MKL mm_out in the generated code). Not oneDNN's linear:
         # its lowering accepts only constant (frozen) weights, and the graphs take weights as inputs.
         # Not split-k: Inductor fuses its bmm + sum into a generated C++ loop that ran at half the

@@ -4,6 +4,11 @@ Saved graphs are named ``{unit}-rank{rank}-{fingerprint}.pt2``; the fingerprint 
 architecture, the engine settings (batch, buckets, tp degree, dtype, device, GQA, quantization),
 the unit (part, kind, bucket, width), the rank and the torch version. ``load`` refuses a mismatch
 or a file whose sha256 changed, naming what differs; it never recompiles behind the caller's back.
+
+The manifest also records the CPU matmul kernels the rank ran with (``matmul_kernels``, outside the
+fingerprint: they decide the last bits of the logits the graphs compute with, not the graphs' code). A
+load builds the rank with those kernels again, so it reproduces the saved model bit for bit, or refuses
+naming a kernel that cannot run here (``helpers.engine.kernel_choice.check_recorded``).
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ..engine.kernel_choice import check_recorded
 from ..engine.model import Transformer
 from .graphs import (ARTIFACTS, ArtifactMismatchError, CorruptArtifactError, Unit, bucket_graphs, check_unit,
                      kinds_of, unit_specs, units_of)
@@ -44,8 +50,10 @@ def file_sha256(path) -> str:
     return h.hexdigest()
 
 
-def save_graphs(directory, graphs: dict, fields: dict, rank: int, report: list[dict] | None = None) -> dict:
-    """Write this rank's graphs and ``graphs-rank{rank}.json``; returns the manifest."""
+def save_graphs(directory, graphs: dict, fields: dict, rank: int, report: list[dict] | None = None,
+                kernels: dict | None = None) -> dict:
+    """Write this rank's graphs and ``graphs-rank{rank}.json`` (with the rank's matmul ``kernels``); returns
+    the manifest."""
     units = units_of(graphs)
     d = Path(directory)
     if d.is_file():  # as transformers-neuronx base.py _save_compiled_artifacts
@@ -63,7 +71,7 @@ def save_graphs(directory, graphs: dict, fields: dict, rank: int, report: list[d
         entries.append({"unit": name, "spec": u.spec, "artifact": u.artifact, "file": path.name,
                         "fingerprint": fp, "sha256": file_sha256(path), "bytes": path.stat().st_size,
                         "build_s": seconds.get(name)})
-    manifest = {"format": FORMAT_VERSION, "fields": fields, "graphs": entries}
+    manifest = {"format": FORMAT_VERSION, "fields": fields, "graphs": entries, "matmul_kernels": kernels}
     manifest_path(d, rank).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return manifest
 
@@ -114,7 +122,16 @@ def read_manifest(directory, fields: dict, rank: int, verify_files: bool = True)
         if verify_files and file_sha256(f) != e["sha256"]:
             raise CorruptArtifactError(f"{f} is corrupted: its sha256 differs from the one recorded at save(). "
                                        "Delete the directory and save() again.")
+    check_recorded(manifest.get("matmul_kernels"), f"The model saved in {directory} (rank {rank})")
     return manifest
+
+
+def recorded_kernels(directory, rank: int) -> dict | None:
+    """The matmul kernels rank ``rank`` of the model saved in ``directory`` ran with (None: not recorded)."""
+    try:
+        return json.loads(manifest_path(directory, rank).read_text()).get("matmul_kernels")
+    except (OSError, ValueError, AttributeError):
+        return None  # read_manifest, called first, names what is wrong with the file
 
 
 def load_graphs(directory, tr: Transformer, fields: dict, rank: int, batch: int) -> tuple[dict, list[dict]]:

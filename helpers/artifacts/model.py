@@ -11,7 +11,8 @@ from __future__ import annotations
 from ..engine.generation import CausalLM
 from ..engine.weights import RankWeights
 from .graphs import artifact_mode
-from .serialization import check_saved, compile_to, from_compiled, graph_fields, load_presharded, rank_graphs, save
+from .serialization import (check_saved, compile_to, from_compiled, graph_fields, load_presharded, rank_graphs, save,
+                            saved_kernels)
 
 
 class NeuronModel(CausalLM):
@@ -61,6 +62,10 @@ class NeuronModel(CausalLM):
         if self.presharded:
             return load_presharded(self, 0)
         return super()._load_weights()
+
+    def _recorded_kernels(self) -> dict | None:
+        """The matmul kernels the saved model given to ``load()`` ran with: the build uses them again."""
+        return saved_kernels(self, 0)
 
     def _build_graphs(self) -> tuple[dict, list[dict]]:
         """One callable per (kind, bucket) — context, token and (after ``enable_speculative_decoder``)

@@ -26,7 +26,7 @@ from ..engine.generation import eager_graphs
 from ..engine.model import Transformer
 from ..planning.buckets import NxDIBucketing
 from .graphs import ARTIFACTS, build_all
-from .manifest import FORMAT_VERSION, TORCH_VERSION, load_graphs, read_manifest, save_graphs
+from .manifest import FORMAT_VERSION, TORCH_VERSION, load_graphs, read_manifest, recorded_kernels, save_graphs
 from .presharded import load_rank_weights, save_rank_weights, weights_file
 
 
@@ -69,11 +69,12 @@ def check_save(model, sharded_weights: bool, mark_presharded: bool = True) -> No
 
 
 def save_rank(directory, graphs: dict, fingerprint_fields: dict, report: list[dict], w=None,
-              meta: dict | None = None) -> dict:
-    """One rank's part of ``save``: its graphs and manifest (+ its presharded weights ``w``, when given).
-    Runs where the rank's graphs live: in this process, or in a ``helpers.parallel`` rank process."""
+              meta: dict | None = None, kernels: dict | None = None) -> dict:
+    """One rank's part of ``save``: its graphs and manifest, with the matmul ``kernels`` it ran (+ its presharded
+    weights ``w``, when given). Runs where the rank's graphs live: in this process, or in a ``helpers.parallel``
+    rank process."""
     d, rank = Path(directory), fingerprint_fields["rank"]
-    manifest = save_graphs(d, graphs, fingerprint_fields, rank, report)
+    manifest = save_graphs(d, graphs, fingerprint_fields, rank, report, kernels)
     files = [d / e["file"] for e in manifest["graphs"]]
     if w is not None:
         files.append(save_rank_weights(d, w, meta, rank))
@@ -100,7 +101,7 @@ def save(model, directory, sharded_weights: bool = False, mark_presharded: bool 
     tr = model._require_built()
     rank = tr.comm.rank
     saved = save_rank(directory, model.graphs, graph_fields(model), model.build_report,
-                      tr.w if sharded_weights else None, weights_meta(model, rank))
+                      tr.w if sharded_weights else None, weights_meta(model, rank), tr.matmul_kernels)
     if rank == 0:
         write_settings(model, directory, sharded_weights, mark_presharded)
     return {"directory": str(Path(directory)), **saved}
@@ -109,6 +110,12 @@ def save(model, directory, sharded_weights: bool = False, mark_presharded: bool 
 def check_saved(model, directory) -> dict:
     """The manifest of this rank, after the fingerprint, presence and sha256 checks (helpers.artifacts.manifest)."""
     return read_manifest(directory, graph_fields(model), _rank(model))
+
+
+def saved_kernels(model, rank: int = 0) -> dict | None:
+    """The matmul kernels of rank ``rank`` of the model ``load()`` was given (None: no load, or none recorded)."""
+    d = getattr(model, "_artifacts_dir", None)
+    return None if d is None else recorded_kernels(d, rank)
 
 
 def load_presharded(model, rank: int):

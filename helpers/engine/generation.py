@@ -22,7 +22,7 @@ from ..model_store import load_config, load_state_dict, resolve_model_path
 from ..planning import buckets as bk
 from ..planning.dtypes import amp_dtype
 from .config import ModelArgs, NeuronConfig, reject_unknown
-from .kernels import use_cpu_kernels
+from .kernel_choice import use_cpu_kernels
 from .model import Comm, Transformer, build_mask
 from .quant import check_quant_config, quantize_model
 from .sampling import select_next_tokens, validate_input_ids, validate_sampling_args
@@ -46,12 +46,14 @@ def eager_graphs(tr: Transformer, kinds) -> tuple[dict, list[dict]]:
                     for k, b in graphs]
 
 
-def select_kernels(tr: Transformer, quant=None) -> Transformer:
+def select_kernels(tr: Transformer, quant=None, recorded: dict | None = None) -> Transformer:
     """How a built rank runs its matmuls, chosen here, explicitly, once its weights are in place (the builders,
-    ``to_neuron()`` and a tensor-parallel rank's build, call it): f32 on CPU with the kernels
-    ``helpers.engine.kernels`` times on this model, then int8 storage (``quant``) with its dequantizing linear."""
+    ``to_neuron()`` and a tensor-parallel rank's build, call it): f32 on CPU with the kernels chosen once for this
+    machine (``helpers.engine.kernel_choice``), or the ``recorded`` ones of a saved model being loaded; then int8
+    storage (``quant``) with its dequantizing linear. ``tr.matmul_kernels`` says which (None: library kernels)."""
+    tr.matmul_kernels = None
     if tr.device.type == "cpu" and tr.dtype == torch.float32:
-        use_cpu_kernels(tr, pack=quant is None)
+        use_cpu_kernels(tr, pack=quant is None, recorded=recorded)
     if quant is not None:
         quantize_model(tr, quant)
     return tr
@@ -137,10 +139,15 @@ class CausalLM:
                              "helpers.parallel.ParallelModel (one process per rank)")
         weights = move_weights(self._load_weights(), self.device)
         self.model = select_kernels(self.transformer_cls(self.args, weights, Comm(), self.batch_size, self.n_positions,
-                                                self.device, self.dtype), self.neuron_config.quant)
+                                                         self.device, self.dtype),
+                                    self.neuron_config.quant, self._recorded_kernels())
         self.load_s = time.perf_counter() - t0
         self.graphs, self.build_report = self._build_graphs()
         return self
+
+    def _recorded_kernels(self) -> dict | None:
+        """The matmul kernels a saved model being loaded ran with (``helpers.artifacts``); None here."""
+        return None
 
     def _load_weights(self) -> RankWeights:
         """Rank 0's weights from the checkpoint: fused, cast, laid out as the GQA setting says."""

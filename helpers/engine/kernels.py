@@ -1,14 +1,15 @@
-"""CPU matmul kernels for f32 steps, chosen per machine by timing them on the model's own weights.
+"""CPU matmul kernels for f32 steps: what each computes, the copies of the weights they read, and the
+timing that compares them (``helpers.engine.kernel_choice`` decides, once per machine, which one runs).
 
 A decode step reads every weight once, so on CPU it is bound by memory bandwidth and by how each
 matmul streams its weight; a step over a few rows (batch decode, speculative verification) reads
-the same weights and should cost about as much. :func:`use_cpu_kernels` (called by the builders,
-``to_neuron()`` and a tensor-parallel rank's build, for f32 on CPU; ``ci/benchmark.py`` reads the
-figures) stores the weights column-major (:func:`decode_layout`), keeps the copies that the "stream"
-kernel (``helpers.engine.stream``: a few rows at the cost of one) and oneDNN's blocked layout read
-(:func:`pack_weights`), times the kernels once per process and thread count (:func:`tune_matmuls`), drops
-the copies no case chose and makes :func:`cpu_linear` the model's linear. ``$NEURON_NB_GEMV`` /
-``$NEURON_NB_GEMM`` force a kernel (reproducible figures).
+the same weights and should cost about as much; prefill (T x hidden GEMMs) is compute-bound. Each of
+these three shape families ("one_row", "rows", "prefill") has its candidates (``MATMUL_KERNELS``).
+:func:`decode_layout` stores the weights column-major, :func:`pack_weights` keeps the copies that the
+"stream" kernel (``helpers.engine.stream``) and oneDNN's blocked layout ("packed") read, and
+:class:`CpuLinear` is a model's linear with its kernel per family fixed at the build.
+``$NEURON_NB_GEMV`` / ``$NEURON_NB_GEMM`` / ``$NEURON_NB_PREFILL`` force a kernel (``$NEURON_NB_GEMM``
+forces prefill too unless ``$NEURON_NB_PREFILL`` is set).
 """
 from __future__ import annotations
 
@@ -49,15 +50,21 @@ _MKLDNN_LINEAR = (getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 _MKLDNN_REORDER = (getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
                    if _MKLDNN_LINEAR is not None else None)
 
-# The first available kernel of each case is the default where nothing was timed (weights below MATMUL_TUNE_MIN_BYTES).
-MATMUL_KERNELS = {"one_row": ("split-k", "stream", "packed", "mkl"), "rows": ("stream", "packed", "onednn", "mkl")}
-MATMUL_ENV = {"one_row": "NEURON_NB_GEMV", "rows": "NEURON_NB_GEMM"}  # force a kernel (reproducible figures)
-MATMUL_TUNE_MIN_BYTES = 32 << 20  # weights that fit in cache say nothing about DRAM-bound decode
-MATMUL_TUNE_ROWS = 8  # several rows: speculative verification (k + 1), batch 8
+# Candidates per shape family; the first available one is the default where nothing chose (see kernel_choice).
+MATMUL_KERNELS = {"one_row": ("split-k", "stream", "packed", "mkl"),
+                  "rows": ("stream", "packed", "onednn", "mkl"),
+                  "prefill": ("stream", "packed", "onednn", "mkl")}
+MATMUL_ENV = {"one_row": "NEURON_NB_GEMV", "rows": "NEURON_NB_GEMM", "prefill": "NEURON_NB_PREFILL"}
+FEW_ROWS = 32  # up to this many rows a matmul is "rows" (batch decode, verification), beyond it "prefill"
+MATMUL_TUNE_ROWS = {"one_row": 1, "rows": 8, "prefill": 128}  # rows per timed matmul: batch 8 / k + 1; a prompt
 PACK_ROWS = 16  # oneDNN's batch-size hint for the blocked layout: 16 to 1024 gave the same speed for 1 to 1024 rows
 COPIES = ("stream", "packed")  # kernels that read their own copy of each weight (built by pack_weights)
-matmul_tuning: dict[int, dict] = {}  # threads -> {case: {"kernel", "ms": {kernel: ms per pass}}, "bytes", "n_rows"}
 _copies: dict[str, dict[int, tuple[weakref.ref, torch.Tensor]]] = {k: {} for k in COPIES}  # id(weight) -> (weight, copy)
+
+
+def family(rows: int) -> str:
+    """The shape family of a matmul over ``rows`` rows."""
+    return "one_row" if rows == 1 else "rows" if rows <= FEW_ROWS else "prefill"
 
 
 def split_k_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, n: int) -> torch.Tensor:
@@ -125,36 +132,34 @@ def copy_linear(kind: str, x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | N
     return stream.stream_linear(x, p, b) if kind == "stream" else onednn_linear(x, p, b)
 
 
-def copies_wanted(threads: int | None = None) -> set[str]:
-    """The copies a model built now needs: of every available kernel while nothing is timed (tuning times them),
-    else of the kernels forced or timed fastest for some case."""
-    n = torch.get_num_threads() if threads is None else threads
-    if n not in matmul_tuning and not all(os.environ.get(e) for e in MATMUL_ENV.values()):
-        return {k for k in COPIES if kernel_available(k)}
-    return {matmul_kernel(case, n) for case in MATMUL_KERNELS} & set(COPIES)
+def forced_kernel(case: str) -> str | None:
+    """The kernel ``$NEURON_NB_GEMV`` / ``$NEURON_NB_GEMM`` / ``$NEURON_NB_PREFILL`` forces for ``case``, or None;
+    refuses an unknown or unavailable one by name. ``$NEURON_NB_GEMM`` forces prefill too unless
+    ``$NEURON_NB_PREFILL`` is set."""
+    env = MATMUL_ENV[case]
+    forced = os.environ.get(env)
+    if not forced and case == "prefill":
+        env, forced = MATMUL_ENV["rows"], os.environ.get(MATMUL_ENV["rows"])
+    if not forced:
+        return None
+    if forced not in MATMUL_KERNELS[case]:
+        raise ValueError(f"{env}={forced!r}: use one of {MATMUL_KERNELS[case]} or unset it")
+    if not kernel_available(forced):
+        raise ValueError(f"{env}={forced!r}: that kernel is unavailable here ({unavailable_reason(forced)}); "
+                         "force another or unset it")
+    return forced
 
 
-def matmul_kernel(case: str, threads: int | None = None) -> str:
-    """The kernel :func:`cpu_linear` uses for ``case`` ("one_row" or "rows") at this thread count:
-    ``$NEURON_NB_GEMV`` / ``$NEURON_NB_GEMM`` if set, else what :func:`tune_matmuls` measured, else the
-    first available of ``MATMUL_KERNELS[case]``."""
-    forced = os.environ.get(MATMUL_ENV[case])
-    if forced:
-        if forced not in MATMUL_KERNELS[case]:
-            raise ValueError(f"{MATMUL_ENV[case]}={forced!r}: use one of {MATMUL_KERNELS[case]} or unset it")
-        if not kernel_available(forced):
-            why = stream.unavailable_reason() if forced == "stream" else "this torch build has no oneDNN"
-            raise ValueError(f"{MATMUL_ENV[case]}={forced!r}: that kernel is unavailable here ({why}); "
-                             "force another or unset it")
-        return forced
-    n = torch.get_num_threads() if threads is None else threads
-    tuned = matmul_tuning.get(n, {}).get(case, {}).get("kernel")
-    return tuned or next(k for k in MATMUL_KERNELS[case] if kernel_available(k))
+def unavailable_reason(kernel: str) -> str | None:
+    """Why ``kernel`` cannot run here, or None."""
+    if kernel_available(kernel):
+        return None
+    return stream.unavailable_reason() if kernel == "stream" else "this torch build has no oneDNN"
 
 
-def decode_matrices(w: RankWeights) -> list[torch.Tensor]:
-    """The matrices a decode step streams, in the order it reads them (per layer, then the LM head)."""
-    return [t for L in w.layers for t in (L.wqkv, L.wo, L.w13, L.w2)] + [w.lm_head]
+def default_kernels() -> dict[str, str]:
+    """Per family: the forced kernel, else the first available candidate (what runs where nothing was chosen)."""
+    return {case: forced_kernel(case) or next(k for k in ks if kernel_available(k)) for case, ks in MATMUL_KERNELS.items()}
 
 
 def matmul_pass_seconds(linear, weights: list[torch.Tensor], xs: dict, repeats: int = 1, pause=None) -> float:
@@ -171,56 +176,51 @@ def matmul_pass_seconds(linear, weights: list[torch.Tensor], xs: dict, repeats: 
     return best
 
 
-def tune_matmuls(weights: list[torch.Tensor], repeats: int = 3) -> dict | None:
-    """Choose :func:`cpu_linear`'s kernels once per process and thread count by timing them on the
-    model's own column-major weights (one pass over all of them per try, best of ``repeats``), for one
-    row and for MATMUL_TUNE_ROWS rows; "stream" and "packed" are candidates when the weights have their
-    copies (:func:`pack_weights`). The winners depend on the CPU (all 30 SmolLM2 layers + LM head, 538 MB):
-
-    - 2-core AMD EPYC (Zen 3), 22 GB/s (``ci/benchmark.py --amp f32 --batch-sizes 1 8 --repeats 3``): one
-      row, stream 30.6 ms, split-k 34.5, packed 39.5, MKL's GEMV 40.1; 8 rows, stream 31.6, packed 45.5,
-      oneDNN on the column-major weights 66.4, MKL 103.8 (it packs the weight on every call).
-    - 2-core Intel Xeon (Sapphire Rapids), before stream and packed existed: MKL ahead in both, 19.1
-      against split-k 20.9 ms; 34 against oneDNN 40 ms at 8 rows.
-
-    Only speed differs: every kernel computes F.linear (within f32 rounding). Skipped below
-    MATMUL_TUNE_MIN_BYTES or when both kernels are forced."""
-    n = torch.get_num_threads()
-    weights = [t for t in weights if t.dim() == 2 and t.dtype == torch.float32 and t.stride(0) == 1]
-    size = sum(t.numel() * t.element_size() for t in weights)
-    if n in matmul_tuning or size < MATMUL_TUNE_MIN_BYTES or all(os.environ.get(e) for e in MATMUL_ENV.values()):
-        return matmul_tuning.get(n)
-    candidates = {"one_row": {"mkl": lambda x, t: F.linear(x, t)}, "rows": {"mkl": lambda x, t: F.linear(x, t)}}
-    if n > 1 and all(t.shape[1] % n == 0 for t in weights):
-        candidates["one_row"]["split-k"] = lambda x, t: split_k_linear(x, t, None, n)
-    if _MKLDNN_LINEAR is not None:
-        candidates["rows"]["onednn"] = onednn_linear
+def candidates(case: str, weights: list[torch.Tensor], threads: int) -> dict:
+    """``name -> linear(x, w)`` of every kernel of ``case`` that can run on ``weights`` (column-major f32; "stream"
+    and "packed" need their copies, :func:`pack_weights`), each as :func:`cpu_linear` runs it."""
+    out = {"mkl": lambda x, t: F.linear(x, t)}
+    if case == "one_row" and threads > 1 and all(t.shape[1] % threads == 0 for t in weights):
+        out["split-k"] = lambda x, t: split_k_linear(x, t, None, threads)
+    if case != "one_row" and _MKLDNN_LINEAR is not None:
+        out["onednn"] = onednn_linear
     for kind in COPIES:
-        if all(packed_weight(t, kind) is not None for t in weights):
-            for case in candidates:  # the lookup is timed too: cpu_linear pays it on every call
-                candidates[case][kind] = lambda x, t, kind=kind: copy_linear(kind, x, packed_weight(t, kind))
-    out = {"bytes": size, "n_rows": MATMUL_TUNE_ROWS}
+        if all(packed_weight(t, kind) is not None for t in weights):  # the lookup is timed too: cpu_linear pays it
+            out[kind] = lambda x, t, kind=kind: copy_linear(kind, x, packed_weight(t, kind))
+    return {k: v for k, v in out.items() if k in MATMUL_KERNELS[case]}
+
+
+def time_matmuls(weights_by_case: dict[str, list[torch.Tensor]], repeats: int = 3, seed: int = 0) -> dict:
+    """Milliseconds per pass of every candidate kernel over ``weights_by_case[case]`` (column-major f32 with
+    their copies) at ``MATMUL_TUNE_ROWS[case]`` rows, best of ``repeats`` after a warm-up round, the kernels
+    alternating per round (load on a shared machine hits them alike): ``{case: {"kernel": fastest, "ms": {..}}}``.
+    Only speed differs between kernels, but which one runs decides the f32 rounding, so
+    ``helpers.engine.kernel_choice`` calls this once per machine and keeps the answer."""
+    n = torch.get_num_threads()
+    g = torch.Generator().manual_seed(seed)
+    out = {}
     with torch.inference_mode():
-        for case, rows in (("one_row", 1), ("rows", MATMUL_TUNE_ROWS)):
-            xs = {t.shape[1]: torch.randn(rows, t.shape[1]) for t in weights}
-            best = {name: float("inf") for name in candidates[case]}
-            for _ in range(repeats + 1):  # the first round warms up; kernels alternate per round
-                for name, fn in candidates[case].items():
+        for case, weights in weights_by_case.items():
+            fns = candidates(case, weights, n)
+            xs = {t.shape[1]: torch.randn(MATMUL_TUNE_ROWS[case], t.shape[1], generator=g) for t in weights}
+            best = {name: float("inf") for name in fns}
+            for _ in range(repeats + 1):
+                for name, fn in fns.items():
                     best[name] = min(best[name], matmul_pass_seconds(fn, weights, xs))
             out[case] = {"kernel": min(best, key=best.get), "ms": {k: round(v * 1e3, 2) for k, v in best.items()}}
-    matmul_tuning[n] = out
     return out
 
 
-def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for f32 weights stored column-major on CPU (:func:`decode_layout`), by the kernel
-    :func:`tune_matmuls` measured fastest on this machine (``ci/benchmark.py`` prints the figures):
+def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
+               kernels: dict[str, str] | None = None) -> torch.Tensor:
+    """``F.linear`` for f32 weights stored column-major on CPU (:func:`decode_layout`), by ``kernels[family]``
+    (:func:`default_kernels` if None; a built model passes its own, :class:`CpuLinear`):
 
     - one row (batch-1 decode): split-k (:func:`split_k_linear`), "stream" (``helpers.engine.stream``),
       oneDNN on its blocked copy ("packed", :func:`pack_weights`) or MKL's GEMV (``F.linear``);
-    - several rows (speculative verification, batch > 1, prefill): "stream", "packed", oneDNN's linear on
-      the column-major weight (``mkldnn._linear_pointwise``, what torch.compile's CPU backend emits) or
-      MKL's GEMM.
+    - a few rows (<= FEW_ROWS: speculative verification, batch decode) and prefill: "stream", "packed",
+      oneDNN's linear on the column-major weight (``mkldnn._linear_pointwise``, what torch.compile's CPU
+      backend emits) or MKL's GEMM.
 
     A weight without the chosen kernel's copy (e.g. a graph input while ``torch.export`` traces) takes
     oneDNN's linear for several rows and ``F.linear`` for one. Any other weight (row-major, bf16, int8
@@ -228,15 +228,17 @@ def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) 
     """
     if w.stride(0) != 1 or w.dtype != torch.float32 or w.dim() != 2:
         return F.linear(x, w, b)
+    kernels = kernels or default_kernels()
     k = x.shape[-1]
-    if x.numel() == k:  # (cheap checks only: this runs ~120 times per token)
+    rows = x.numel() // k  # (cheap checks only: this runs ~120 times per token)
+    if rows == 1:
         n = torch.get_num_threads()
-        kernel = matmul_kernel("one_row", n)
+        kernel = kernels["one_row"]
         if kernel == "split-k" and n > 1 and k % n == 0:
             return split_k_linear(x, w, b, n)
         p = packed_weight(w, kernel) if kernel in COPIES else None
         return F.linear(x, w, b) if p is None else copy_linear(kernel, x, p, b)
-    kernel = matmul_kernel("rows")
+    kernel = kernels["rows" if rows <= FEW_ROWS else "prefill"]
     if kernel in COPIES:
         p = packed_weight(w, kernel)
         if p is not None:
@@ -247,20 +249,36 @@ def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) 
     return F.linear(x, w, b)
 
 
-def use_cpu_kernels(tr: Transformer, pack: bool = True) -> Transformer:
-    """Run ``tr``'s f32 matmuls on CPU with :func:`cpu_linear`: weights column-major with the copies the
-    "stream" and "packed" kernels read, kernels timed on them (once per process and thread count), and the
-    copies no case chose dropped again. Only speed changes: every kernel computes ``F.linear``.
-    ``pack=False``: the layout only (int8 storage replaces the projections and the linear next, so nothing
-    is timed)."""
+class CpuLinear:
+    """A built model's linear: :func:`cpu_linear` with the kernel of each family fixed at the build
+    (``kernels``: ``{"one_row", "rows", "prefill"} -> kernel``), so its numerics never change afterwards."""
+
+    def __init__(self, kernels: dict[str, str]):
+        self.kernels = dict(kernels)
+
+    def __call__(self, x, w, b=None):
+        return cpu_linear(x, w, b, self.kernels)
+
+    def __repr__(self):
+        return f"CpuLinear({self.kernels})"
+
+
+def decode_matrices(w: RankWeights) -> list[torch.Tensor]:
+    """The matrices a decode step streams, in the order it reads them (per layer, then the LM head)."""
+    return [t for L in w.layers for t in (L.wqkv, L.wo, L.w13, L.w2)] + [w.lm_head]
+
+
+def use_kernels(tr: Transformer, kernels: dict[str, str] | None, pack: bool = True) -> Transformer:
+    """Run ``tr``'s f32 matmuls on CPU with ``kernels`` (:class:`CpuLinear`): weights column-major, with the copies
+    those kernels read. ``pack=False``: the layout only (int8 storage replaces the projections and the linear
+    next). ``tr.matmul_kernels`` records the kernels (None without them)."""
     decode_layout(tr.w)
-    tr.linear = cpu_linear
+    tr.matmul_kernels = None
     if not pack:
+        tr.linear = cpu_linear
         return tr
     mats = decode_matrices(tr.w)
-    for kind in copies_wanted():
+    for kind in set(kernels.values()) & set(COPIES):
         pack_weights(mats, kind)
-    tune_matmuls(mats)
-    for kind in set(COPIES) - copies_wanted():
-        unpack_weights(mats, kind)
+    tr.linear, tr.matmul_kernels = CpuLinear(kernels), dict(kernels)
     return tr

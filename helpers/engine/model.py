@@ -68,6 +68,7 @@ class Transformer:
         self.args, self.w, self.comm = args, w, comm
         self.dtype, self.device = dtype, device
         self.linear = F.linear  # seam: CPU kernels (helpers.engine.kernels), int8 storage (helpers.engine.quant)
+        self.matmul_kernels: dict | None = None  # the CPU kernel per shape family, when they run (kernel_choice)
         inv_freq, scale = rope_inv_freq(args)
         pos = torch.arange(n_positions, dtype=torch.float)
         freqs = pos[:, None] * inv_freq[None, :]

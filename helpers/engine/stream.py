@@ -9,9 +9,11 @@ row). With many rows (prefill) it keeps up with the library GEMMs (128 rows: 165
 SmolLM2's layers against oneDNN's 200-216; 1024 rows: 1251 against MKL's 1270-1395).
 
 It is C with AVX2 intrinsics, built on first use with the system C compiler (``$CC`` or ``cc``) into
-``~/.cache/neuron-inference-notebooks`` and called through ``ctypes``; where that cannot happen (no compiler,
-no AVX2 + FMA, not x86-64, a second OpenMP runtime, a cached library that does not load) :func:`load` says
-why and ``helpers.engine.kernels`` times and uses its other kernels only.
+``helpers.model_store.cache_dir()/kernels`` (``~/.cache/neuron-llm-notebooks/kernels``, or under
+``$NEURON_NB_CACHE``; an older ``~/.cache/neuron-inference-notebooks`` is no longer read) and called
+through ``ctypes``; where that cannot happen (no compiler, no AVX2 + FMA, not x86-64, a second OpenMP
+runtime, a cached library that does not load) :func:`load` says why and ``helpers.engine.kernel_choice``
+times and uses the other kernels only.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from .. import model_store
+
 SOURCE = Path(__file__).parent / "csrc" / "stream_linear.c"
 BLOCK = 16  # output columns per block: two AVX2 registers
 CFLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC"]
@@ -33,7 +37,8 @@ _state: dict = {}  # "lib": the loaded library or None, "why": why not
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "neuron-inference-notebooks"
+    """The kernel cache: beside the converted checkpoint, in ``helpers.model_store.cache_dir()``."""
+    return model_store.cache_dir() / "kernels"
 
 
 def load() -> ctypes.CDLL | None:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from ..artifacts.graphs import ArtifactMismatchError, CorruptArtifactError
 from ..artifacts.presharded import load_rank_weights
+from ..artifacts.manifest import recorded_kernels
 from ..artifacts.serialization import rank_graphs, save_rank
 from ..engine.config import ModelArgs
 from ..engine.generation import select_kernels
@@ -84,10 +85,11 @@ class _RankServer:
                 if self.rank // gs == g:
                     kv_group = group
         comm = DistComm(self.rank, self.tp, kv_group)
-        self.model = select_kernels(ParallelTransformer(args, w, comm, spec["batch_size"], spec["n_positions"],
-                                                        device, dtype), spec["neuron_config"].quant)
-        weights_s = time.perf_counter() - t0
         g = spec["graphs"]
+        recorded = recorded_kernels(g["load_dir"], self.rank) if g["load_dir"] else None  # a load reruns the saved kernels
+        self.model = select_kernels(ParallelTransformer(args, w, comm, spec["batch_size"], spec["n_positions"],
+                                                        device, dtype), spec["neuron_config"].quant, recorded)
+        weights_s = time.perf_counter() - t0
         self.graphs, self.build_report, self._workdir = rank_graphs(
             self.model, g["kinds"], spec["batch_size"], g["mode"], g["load_dir"], g["fields"], self.rank)
         parts = weight_breakdown(w)
@@ -101,7 +103,7 @@ class _RankServer:
         """This rank's graphs and manifest (+ presharded weights) under its rank's file names."""
         meta = p["weights_meta"][self.rank] if p["sharded_weights"] else None
         saved = save_rank(p["directory"], self.graphs, {**p["fields"], "rank": self.rank}, self.build_report,
-                          _storable(self.model.w) if p["sharded_weights"] else None, meta)
+                          _storable(self.model.w) if p["sharded_weights"] else None, meta, self.model.matmul_kernels)
         return {"rank": self.rank, **saved}
 
     def bench_all_reduce(self, payload):

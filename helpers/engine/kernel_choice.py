@@ -1,0 +1,207 @@
+"""Which CPU matmul kernel runs each shape family, decided once per machine and kept.
+
+Every kernel of ``helpers.engine.kernels`` computes ``F.linear``, but each rounds in its own order, so the
+kernel decides the last bits of every f32 logit. Timing the kernels at each build made two builds of the
+same model round differently wherever two candidates were within the timing noise (notebook 08 with
+``tp_degree=2`` failed its round trip in 3 of 5 runs on an Intel Xeon: each rank process timed for itself).
+So the kernels are timed once per *machine kind* (CPU model, ISA flags, thread count, torch version, the
+kernels available), on synthetic weights of SmolLM2's shapes, larger than the caches (so the choice does
+not depend on which model is built first), and the result is kept in
+``helpers.model_store.cache_dir()/kernels/matmul-<key>.json`` (``$NEURON_NB_CACHE`` moves it with the
+checkpoint). Every later build on that machine, in any process, reads it: the same settings give bitwise
+the same logits build after build. The first process to write the file wins (a rank timing at the same
+moment adopts it). ``$NEURON_NB_GEMV`` / ``$NEURON_NB_GEMM`` / ``$NEURON_NB_PREFILL`` still force a kernel.
+
+A built model records its kernels (``Transformer.matmul_kernels``); ``helpers.artifacts`` writes them into a
+saved model's manifest, and loading it builds with those kernels again (:func:`build_kernels`), or refuses
+naming the one that cannot run here. Delete the cache file to time again (e.g. after a BIOS change).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..model_store import cache_dir
+from . import kernels as K
+from . import stream
+
+FORMAT = 1
+# ISA features that decide a matmul kernel's speed (printed by ci/benchmark.py); the cache key hashes every flag
+ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+             "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2", "bf16", "i8mm")
+# Synthetic weights, SmolLM2-135M's shapes ([out, in]): 4 layers + the LM head, 170 MB (f32), above any L3 here.
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 4 + [(49152, 576)]
+_chosen: dict[str, dict] = {}  # cache key -> record, this process
+
+
+class KernelMismatchError(ValueError):
+    """A saved model ran kernels that this machine cannot run (or that an environment variable overrides)."""
+
+
+def cpu_info() -> dict:
+    """The CPU model and its ISA flags: /proc/cpuinfo on Linux, platform's words elsewhere."""
+    model, flags = None, set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip().lower()
+                if key in ("model name", "cpu model", "hardware") and model is None:
+                    model = value.strip()
+                elif key in ("flags", "features") and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    model = model or platform.processor() or platform.machine()
+    return {"model": model, "machine": platform.machine(), "isa": [f for f in ISA_FLAGS if f in flags],
+            "flags_sha256": hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16]}
+
+
+def machine_key(threads: int | None = None) -> dict:
+    """What the timed choice depends on: the CPU, its flags, the thread count, torch and the kernels available."""
+    info = cpu_info()
+    return {"format": FORMAT, "cpu": info["model"], "machine": info["machine"], "flags": info["flags_sha256"],
+            "threads": torch.get_num_threads() if threads is None else threads, "torch": torch.__version__,
+            "available": sorted({k for ks in K.MATMUL_KERNELS.values() for k in ks if K.kernel_available(k)}),
+            "stream_source": hashlib.sha256(stream.SOURCE.read_bytes()).hexdigest()[:16],
+            "shapes": hashlib.sha256(json.dumps([SHAPES, K.MATMUL_TUNE_ROWS, K.FEW_ROWS]).encode()).hexdigest()[:16]}
+
+
+def choice_path(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "kernels" / f"matmul-{digest}.json"
+
+
+def _read(path: Path, key: dict) -> dict | None:
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = (isinstance(rec, dict) and rec.get("key") == key and set(rec.get("kernels", {})) == set(K.MATMUL_KERNELS)
+          and all(k in K.MATMUL_KERNELS[c] and K.kernel_available(k) for c, k in rec["kernels"].items()))
+    return rec if ok else None
+
+
+def _write_once(path: Path, rec: dict) -> None:
+    """Create ``path`` holding ``rec`` unless it exists (whoever wrote first wins); never a partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
+        json.dump(rec, f, indent=1, sort_keys=True)
+    os.chmod(f.name, 0o644)
+    try:
+        os.link(f.name, path)
+    except FileExistsError:
+        pass
+    except OSError:  # a file system without hard links: an atomic rename (a racing writer may win instead)
+        if not path.exists():
+            os.replace(f.name, path)
+    finally:
+        if os.path.exists(f.name):
+            os.unlink(f.name)
+
+
+def synthetic_weights(seed: int = 0) -> list[torch.Tensor]:
+    """Column-major f32 weights of ``SHAPES`` (as ``kernels.decode_layout`` stores a model's)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(k, n, generator=g).t() for n, k in SHAPES]
+
+
+def time_here(repeats: int = 3) -> dict:
+    """Time every available kernel of each family on :func:`synthetic_weights` (each copy built, then freed):
+    decode-like passes over all of them for one row and a few rows, prefill over one layer's matrices."""
+    ws = synthetic_weights()
+    kinds = [k for k in K.COPIES if K.kernel_available(k)]
+    for kind in kinds:
+        K.pack_weights(ws, kind)
+    try:
+        # prefill is compute-bound: one layer's matrices say as much as all of them, in a quarter of the time
+        return K.time_matmuls({"one_row": ws, "rows": ws, "prefill": ws[:4]}, repeats)
+    finally:
+        for kind in kinds:
+            K.unpack_weights(ws, kind)
+
+
+def machine_choice(threads: int | None = None) -> dict:
+    """This machine kind's record ``{"key", "kernels": {family: kernel}, "ms": {family: {kernel: ms}}, "path",
+    "source"}``: from this process's memory, else the cache file, else timed now and written (first writer wins,
+    and everyone then reads what was written). Needs ``threads`` = the thread count the model will run with."""
+    key = machine_key(threads)
+    path = choice_path(key)
+    memo = str(path)
+    if memo in _chosen:
+        return _chosen[memo]
+    rec = _read(path, key)
+    source = "cache file"
+    if rec is None:
+        before = torch.get_num_threads()
+        torch.set_num_threads(key["threads"])
+        try:
+            timed = time_here()
+        finally:
+            torch.set_num_threads(before)
+        mine = {"key": key, "kernels": {c: t["kernel"] for c, t in timed.items()}, "ms": {c: t["ms"] for c, t in timed.items()}}
+        try:
+            if path.exists() and _read(path, key) is None:  # unreadable, or naming a kernel gone: replaced, once
+                path.unlink(missing_ok=True)
+            _write_once(path, mine)
+        except OSError:
+            pass
+        rec = _read(path, key)
+        if rec is None:  # an unwritable cache: this process keeps its own timing
+            rec, source = mine, "timed here (not cached: the cache folder is not writable)"
+        else:
+            source = "timed here" if rec["ms"] == mine["ms"] else "written by another process while this one timed"
+    _chosen[memo] = dict(rec, path=str(path), source=source)
+    return _chosen[memo]
+
+
+def planned_kernels(threads: int | None = None) -> dict[str, str]:
+    """The kernel of each family a build here uses: forced by its environment variable, else the machine's
+    choice (timed once, :func:`machine_choice`; not timed at all when every family is forced)."""
+    forced = {case: K.forced_kernel(case) for case in K.MATMUL_KERNELS}
+    if all(forced.values()):
+        return forced
+    chosen = machine_choice(threads)["kernels"]
+    return {case: forced[case] or chosen[case] for case in K.MATMUL_KERNELS}
+
+
+def check_recorded(recorded: dict | None, what: str = "the saved model") -> dict | None:
+    """``recorded`` (a saved model's kernels) if this machine can run every one of them and no environment variable
+    forces another; else :class:`KernelMismatchError` naming the kernel. None (nothing recorded: an older save, or
+    a model without the CPU kernels) passes."""
+    if recorded is None:
+        return None
+    problems = []
+    for case, kernel in recorded.items():
+        if case not in K.MATMUL_KERNELS or kernel not in K.MATMUL_KERNELS[case]:
+            problems.append(f"{case}: {kernel!r} is no kernel of this engine")
+        elif not K.kernel_available(kernel):
+            problems.append(f"{case}: {kernel!r} is unavailable here ({K.unavailable_reason(kernel)})")
+        elif (forced := K.forced_kernel(case)) and forced != kernel:
+            problems.append(f"{case}: {kernel!r}, but ${K.MATMUL_ENV[case]} (or $NEURON_NB_GEMM) forces {forced!r}")
+    missing = set(K.MATMUL_KERNELS) - set(recorded)
+    if missing:
+        problems.append(f"no kernel recorded for {', '.join(sorted(missing))}")
+    if problems:
+        raise KernelMismatchError(
+            f"{what} ran its f32 matmuls with {recorded} and would not reproduce its outputs here: "
+            + "; ".join(problems) + ". Unset the variable, or build the model without load() and save() again.")
+    return dict(recorded)
+
+
+def build_kernels(recorded: dict | None = None) -> dict[str, str]:
+    """The kernels a build uses: the ``recorded`` ones of a saved model (:func:`check_recorded`), else
+    :func:`planned_kernels`."""
+    return check_recorded(recorded) or planned_kernels()
+
+
+def use_cpu_kernels(tr, pack: bool = True, recorded: dict | None = None):
+    """``tr``'s f32 matmuls on CPU by ``kernels.cpu_linear`` with the kernels of :func:`build_kernels`
+    (weights column-major, the copies those kernels read). ``pack=False``: the layout only (int8 storage)."""
+    return K.use_kernels(tr, build_kernels(recorded) if pack else None, pack)

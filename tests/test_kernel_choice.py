@@ -1,0 +1,159 @@
+"""The CPU matmul kernels are chosen once per machine kind and kept (helpers.engine.kernel_choice): builds in one
+process and in later processes run the same kernels and give bitwise the same f32 logits; a saved model records
+its kernels and loads with them, or refuses naming the one that cannot run here."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import helpers
+from helpers.engine import kernel_choice as KC
+from helpers.engine import kernels as K
+from helpers.engine.config import NeuronConfig
+from tiny_models import write_tiny
+
+ROOT = Path(__file__).resolve().parent.parent
+A = {"one_row": "mkl", "rows": "onednn", "prefill": "mkl"}
+B = {"one_row": "packed", "rows": "mkl", "prefill": "onednn"}
+
+
+def _timed(choice):
+    return lambda repeats=3: {case: {"kernel": k, "ms": {k: 1.0}} for case, k in choice.items()}
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty cache home, nothing chosen in this process yet, no kernel forced."""
+    monkeypatch.setenv("NEURON_NB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(KC, "_chosen", {})
+    for env in K.MATMUL_ENV.values():
+        monkeypatch.delenv(env, raising=False)
+    if not all(K.kernel_available(k) for k in {*A.values(), *B.values()}):
+        pytest.skip("needs oneDNN")
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    write_tiny(d)
+    return str(d)
+
+
+def test_timed_once_per_machine_then_read_back(fresh_cache, monkeypatch):
+    """The first build times and writes the choice under the one cache home; a later process (memory cleared)
+    reads it and never times again, even where timing would now pick otherwise; another thread count is another
+    machine kind; a file that names an unknown kernel is timed again."""
+    monkeypatch.setattr(KC, "time_here", _timed(A))
+    rec = KC.machine_choice()
+    assert rec["kernels"] == A and rec["source"] == "timed here"
+    path = Path(rec["path"])
+    assert path.parent == fresh_cache / "kernels" and json.loads(path.read_text())["kernels"] == A
+    monkeypatch.setattr(KC, "_chosen", {})
+    monkeypatch.setattr(KC, "time_here", lambda repeats=3: pytest.fail("timed again on the same machine"))
+    rec = KC.machine_choice()
+    assert rec["kernels"] == A and rec["source"] == "cache file" and KC.planned_kernels() == A
+    monkeypatch.setenv("NEURON_NB_GEMV", "split-k")  # forcing still wins over the kept choice
+    assert KC.planned_kernels()["one_row"] == "split-k" and KC.planned_kernels()["rows"] == A["rows"]
+    monkeypatch.delenv("NEURON_NB_GEMV")
+    monkeypatch.setattr(KC, "time_here", _timed(B))
+    other = KC.machine_choice(threads=torch.get_num_threads() + 1)
+    assert other["kernels"] == B and other["path"] != rec["path"]
+    saved = json.loads(path.read_text())
+    path.write_text(json.dumps(dict(saved, kernels=dict(A, rows="fast"))))
+    monkeypatch.setattr(KC, "_chosen", {})
+    assert KC.machine_choice()["kernels"] == B and json.loads(path.read_text())["kernels"] == B
+
+
+def test_an_unwritable_cache_keeps_the_timing_for_this_process(fresh_cache, monkeypatch):
+    def refuse(path, rec):
+        raise PermissionError(f"read-only: {path}")
+
+    monkeypatch.setattr(KC, "_write_once", refuse)
+    monkeypatch.setattr(KC, "time_here", _timed(B))
+    rec = KC.machine_choice()
+    assert rec["kernels"] == B and "not cached" in rec["source"] and not Path(rec["path"]).exists()
+    monkeypatch.setattr(KC, "time_here", lambda repeats=3: pytest.fail("timed twice in one process"))
+    assert KC.machine_choice() is rec
+
+
+def test_the_first_writer_wins(fresh_cache):
+    """Two processes timing at once (the ranks of a tensor-parallel model) keep the first file written."""
+    path = fresh_cache / "kernels" / "matmul-x.json"
+    KC._write_once(path, {"kernels": A})
+    KC._write_once(path, {"kernels": B})
+    assert json.loads(path.read_text()) == {"kernels": A}
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
+
+
+LOGITS = """
+import sys, torch, helpers
+from helpers.engine import kernel_choice as KC
+KC.time_here = lambda repeats=3: {c: {"kernel": k, "ms": {k: 1.0}} for c, k in %r.items()}
+m = helpers.NeuronModel.from_pretrained(sys.argv[1], n_positions=64).to_neuron()
+torch.save((m.model.matmul_kernels, m.forward(torch.tensor([[1, 9, 17, 33, 40]]))), sys.argv[2])
+"""
+
+
+def test_builds_give_bitwise_equal_logits_in_one_process_and_across_processes(fresh_cache, tiny, tmp_path):
+    """f32 on CPU: two builds of the same settings in this process give the same logits bit for bit, and so do
+    two later processes, the second of which would time another winner: it reads the first one's choice."""
+    ids = torch.tensor([[1, 9, 17, 33, 40]])
+    m1 = helpers.NeuronModel.from_pretrained(tiny, n_positions=64).to_neuron()
+    m2 = helpers.NeuronModel.from_pretrained(tiny, n_positions=64).to_neuron()
+    assert m1.model.matmul_kernels == m2.model.matmul_kernels == KC.planned_kernels()
+    assert torch.equal(m1.forward(ids), m2.forward(ids))
+    env = dict(os.environ, NEURON_NB_CACHE=str(tmp_path / "other-cache"), PYTHONPATH=str(ROOT))
+    runs = []
+    for i, choice in enumerate((A, B)):
+        out = tmp_path / f"run{i}.pt"
+        subprocess.run([sys.executable, "-c", LOGITS % (choice,), tiny, str(out)], env=env, check=True, cwd=ROOT)
+        runs.append(torch.load(out))
+    assert runs[0][0] == runs[1][0] == A  # the second process timed B but reads A, written first
+    assert torch.equal(runs[0][1], runs[1][1])
+
+
+@pytest.fixture
+def saved(fresh_cache, tiny, tmp_path, monkeypatch):
+    """A tiny model with exported graphs, built with kernels A and saved."""
+    monkeypatch.setattr(KC, "time_here", _timed(A))
+    m = helpers.NeuronModel.from_pretrained(tiny, n_positions=64, neuron_config=NeuronConfig(compiled="export"))
+    m.to_neuron()
+    d = tmp_path / "saved"
+    m.save(d)
+    return d, m
+
+
+def _sample(m):
+    out = m.sample(torch.tensor([[1, 9, 17, 33]]), 12, top_k=1, eos_token_override=[], output_logits=True)
+    return out, m.stats["logits"]
+
+
+def test_a_saved_model_loads_with_its_kernels(saved, tiny, monkeypatch):
+    """The manifest records the kernels the model ran; a machine whose own choice differs loads it with the
+    recorded ones, and reproduces its tokens and logits bit for bit."""
+    d, m = saved
+    assert json.loads((d / "graphs-rank0.json").read_text())["matmul_kernels"] == m.model.matmul_kernels == A
+    monkeypatch.setattr(KC, "_chosen", {k: dict(v, kernels=B) for k, v in KC._chosen.items()})  # "another machine"
+    assert KC.planned_kernels() == B
+    loaded = helpers.NeuronModel.from_pretrained(tiny, n_positions=64).load(d).to_neuron()
+    assert loaded.model.matmul_kernels == A and loaded.model.linear.kernels == A
+    (o1, l1), (o2, l2) = _sample(m), _sample(loaded)
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)
+
+
+def test_a_saved_model_refuses_a_kernel_it_cannot_run(saved, tiny, monkeypatch):
+    """A recorded kernel unavailable here, or overridden by an environment variable, is refused at load(), by name."""
+    d, _ = saved
+    available = K.kernel_available
+    monkeypatch.setattr(K, "kernel_available", lambda k: k != "onednn" and available(k))
+    with pytest.raises(KC.KernelMismatchError, match=r"rows: 'onednn' is unavailable here"):
+        helpers.NeuronModel.from_pretrained(tiny, n_positions=64).load(d)
+    monkeypatch.setattr(K, "kernel_available", available)
+    monkeypatch.setenv("NEURON_NB_GEMV", "packed")
+    with pytest.raises(KC.KernelMismatchError, match=r"one_row: 'mkl', but \$NEURON_NB_GEMV .* forces 'packed'"):
+        helpers.NeuronModel.from_pretrained(tiny, n_positions=64).load(d)
