@@ -132,7 +132,7 @@ def run_greedy(build, tp: int, enc, max_new_tokens: int, repeats: int = 1, **bui
                 ttfts.append(st["ttft_s"])
         return {"tp": tp, "tokens": tokens, "itl_s": statistics.median(itls) if itls else None,
                 "ttft_s": statistics.median(ttfts) if ttfts else None, "s_per_token": statistics.median(per_token),
-                "itl_samples_s": itls, "s_per_token_samples": per_token,
+                "itl_samples_s": itls, "s_per_token_samples": per_token, "ttft_samples_s": ttfts,
                 "build_s": getattr(model, "build_s", None)}
     finally:
         if hasattr(model, "close"):
