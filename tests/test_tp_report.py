@@ -207,6 +207,7 @@ def test_strategy_costs_carry_the_range_of_the_repeats():
            "itl_ms": 10.0, "itl_samples_ms": [9.0, 10.0, 14.0], "rank_kv_bytes": [2 ** 20], "requested": "default"}
     c, = tp_report.strategy_costs([row])
     assert (c["itl_min_ms"], c["itl_ms"], c["itl_max_ms"]) == (9.0, 10.0, 14.0)
+    assert c["itl_samples_ms"] == [9.0, 10.0, 14.0]
 
 
 def test_strategy_table_says_predicted_to_fail_and_why():

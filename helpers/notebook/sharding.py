@@ -245,7 +245,8 @@ def strategy_costs(rows: list[dict]) -> list[dict]:
     """What each distinct layout of a :func:`strategy_sweep` costs, per workload (batch size): one row per layout
     (the tp=1 default included) with the requests that end in it, the measured inter-token latency, the tokens
     per second of the whole batch, the KV cache each rank allocated and the collectives it adds per layer.
-    ``itl_min_ms`` / ``itl_max_ms``: the range of the per-repeat latencies (``itl_ms`` is their median)."""
+    ``itl_min_ms`` / ``itl_max_ms``: the range of the per-repeat latencies (``itl_ms`` is their median), which
+    ``itl_samples_ms`` lists (for :func:`helpers.notebook.figures.compare`)."""
     out: dict = {}
     for r in rows:
         if r["status"] != "ok":
@@ -255,6 +256,7 @@ def strategy_costs(rows: list[dict]) -> list[dict]:
             "batch": r["batch"], "tp": tp, "layout": name, "kv_mode": mode,
             "itl_ms": r["itl_ms"], "itl_min_ms": round(min(r.get("itl_samples_ms") or [r["itl_ms"]]), 2),
             "itl_max_ms": round(max(r.get("itl_samples_ms") or [r["itl_ms"]]), 2),
+            "itl_samples_ms": list(r.get("itl_samples_ms") or [r["itl_ms"]]),
             "tokens_per_s": round(r["batch"] * 1e3 / r["itl_ms"], 1),
             "kv_mib_per_rank": round(max(r["rank_kv_bytes"]) / 2 ** 20, 3),
             "extra_collectives_per_layer": EXTRA_COLLECTIVES[mode], "requests": ""})
