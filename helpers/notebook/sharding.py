@@ -373,7 +373,7 @@ def plot_strategy_costs(costs: list[dict], title: str = ""):
             a.tick_params(axis="x", labelsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))  # room for a two-line title (figures.titled)
     return fig
 
 
