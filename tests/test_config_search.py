@@ -76,3 +76,23 @@ def test_planner_verdicts(tmp_path):
     assert {"tensor_parallel_size": 2, "batch_size": 1, "sequence_length": 32768} in data["configurations"]
     assert all(c["batch_size"] < 128 for c in data["configurations"])
     assert all(t["valid"] == t["predicted_fits"] for t in data["tested"])
+
+
+def test_padded_degrees_are_an_option(tmp_path):
+    """004's rule (divide the heads) drops tp=24 for 32-head Llama on inf2.48xlarge; transformers-neuronx pads the
+    heads and builds it (aws-neuron-samples runs Llama-3.1-8B at tp_degree=24): heads="pad" includes it."""
+    assert C.candidate_tp_degrees("inf2.48xlarge", 32, heads="pad") == [2, 4, 8, 24]
+    assert C.candidate_tp_degrees("inf2.48xlarge", 32, heads="divide") == [2, 4, 8]
+    assert C.padded_heads(32, 24) == 16 and C.padded_heads(32, 8) == 0
+    with pytest.raises(ValueError, match="heads="):
+        C.candidate_tp_degrees("inf2.48xlarge", 32, heads="round")
+    kw = dict(batch_sizes=[1, 4], sequence_lengths=[2048, 4096], log=lambda *_: None)
+    divided = C.search("Llama-3.1-8B", "inf2.48xlarge", tmp_path / "d.json", **kw)
+    padded = C.search("Llama-3.1-8B", "inf2.48xlarge", tmp_path / "p.json", heads="pad", **kw)
+    assert {t["tp_degree"] for t in divided["tested"]} == {2, 4, 8}
+    assert {t["tp_degree"] for t in padded["tested"]} == {2, 4, 8, 24}
+    assert all(t["padded_heads"] == (16 if t["tp_degree"] == 24 else 0) for t in padded["tested"])
+    assert any(c["tensor_parallel_size"] == 24 for c in padded["configurations"])
+    assert padded["heads"] == "pad" and divided["heads"] == "divide"
+    with pytest.raises(ValueError, match="holds results for heads"):  # a resume never mixes the two rules
+        C.search("Llama-3.1-8B", "inf2.48xlarge", tmp_path / "d.json", heads="pad", **kw)

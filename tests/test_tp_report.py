@@ -194,3 +194,37 @@ def test_plot_strategy_costs_one_row_per_workload():
     assert len(fig.axes) == 4  # (latency, KV) x 2 workloads
     labels = [t.get_text() for t in fig.axes[2].get_xticklabels()]
     assert labels == ["tp=3\nshard-over-batch\n+4 all-to-all/layer", "tp=3\nshard-over-heads"]
+
+
+def test_latency_summary_keeps_the_spread_of_the_repeats():
+    s = tp_report.latency_summary({1: {"itl_s": 0.010, "itl_samples_s": [0.009, 0.010, 0.013]}, 2: {"itl_s": 0.02}})
+    assert (s["spread"][1].low, s["spread"][1].median, s["spread"][1].high) == (0.009, 0.010, 0.013)
+    assert s["spread"][2].n == 1 and s["spread"][2].median == 0.02  # no samples kept: the median alone
+
+
+def test_strategy_costs_carry_the_range_of_the_repeats():
+    row = {"status": "ok", "layout": (1, "shard-over-heads", "heads"), "batch": 1, "first": "default@tp1b1",
+           "itl_ms": 10.0, "itl_samples_ms": [9.0, 10.0, 14.0], "rank_kv_bytes": [2 ** 20], "requested": "default"}
+    c, = tp_report.strategy_costs([row])
+    assert (c["itl_min_ms"], c["itl_ms"], c["itl_max_ms"]) == (9.0, 10.0, 14.0)
+    assert c["itl_samples_ms"] == [9.0, 10.0, 14.0]
+
+
+def test_strategy_table_says_predicted_to_fail_and_why():
+    reasons = {}
+    rows = tp_report.strategy_table(["embedded", "Llama-3.1-8B"], [2, 24], [1], reasons)
+    cells = [v for r in rows for k, v in r.items() if ":" in k]
+    assert "error" not in cells and any(v.startswith("predicted to fail [") for v in cells)
+    assert reasons and all(isinstance(k, int) and v for k, v in reasons.items())
+    llama24 = next(r for r in rows if r["model"] == "Llama-3.1-8B" and r["tp"] == 24)
+    assert llama24["tnx:default"].startswith("replicated-heads")  # 32 heads padded to 48: it builds
+
+
+def test_n_positions_fit_shows_where_the_reserve_draws_the_line():
+    f = tp_report.n_positions_fit("Mistral-7B-Instruct-v0.2", "inf2.xlarge", 1, [2048, 4096], batch_size=1, amp="bf16")
+    with_reserve, without = f["largest_fitting"][planner.RUNTIME_RESERVE], f["largest_fitting"][0.0]
+    assert 2048 <= with_reserve < 4096 < 16384 < without  # reference 000's 4096 is refused only by the reserve
+    kw = dict(batch_size=1, amp="bf16")
+    assert planner.plan("Mistral-7B-Instruct-v0.2", 1, n_positions=with_reserve, **kw).fits("inf2.xlarge")
+    assert not planner.plan("Mistral-7B-Instruct-v0.2", 1, n_positions=with_reserve + 1, **kw).fits("inf2.xlarge")
+    assert f["usable_gib"][0.0] == 16 and f["gib"][0] < f["gib"][1]

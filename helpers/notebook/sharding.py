@@ -10,7 +10,8 @@ from ..engine.config import NeuronConfig
 from ..engine.weights import weight_breakdown
 from ..neuron.runtime import check_tp_degree
 from ..planning.gqa import GQA, TNX_GUIDE_WORKLOAD, NxDIGQA, library_default, resolve_layout, round_up
-from ..planning.memory import PLATFORM_TP_DEGREES, GiB, Shape, load_model_config, plan
+from ..planning.memory import PLATFORM_TP_DEGREES, RUNTIME_RESERVE, GiB, Shape, instance, load_model_config, plan
+from .figures import Spread
 
 TNX_REQUESTS = (None, GQA.SHARD_OVER_HEADS, GQA.SHARD_OVER_BATCH, GQA.REPLICATED_HEADS, GQA.ALL_GATHER_HEADS)
 NXDI_REQUESTS = (NxDIGQA.REPLICATE_TO_TP_DEGREE, NxDIGQA.CONVERT_TO_MHA)
@@ -60,7 +61,7 @@ def run_generation(build, tp: int, enc, max_new_tokens: int, repeats: int = 1, g
             itls.append(statistics.median(b - a for a, b in zip(t, t[1:])) if len(t) > 1 else float("nan"))
         logits = model.forward(ids, start_ids=(mask == 0).sum(1))
         out = {"tp": tp, "tokens": tokens, "logits": logits, "itl_s": statistics.median(itls),
-               "ttft_s": statistics.median(ttfts), "build_s": getattr(model, "load_s", float("nan")),
+               "ttft_s": statistics.median(ttfts), "itl_samples_s": itls, "ttft_samples_s": ttfts, "build_s": getattr(model, "load_s", float("nan")),
                "ranks": rank_memory(model), "warnings": [str(w.message) for w in caught],
                "layout": getattr(model, "layout", None)}
         if measure_collectives and hasattr(model, "all_reduce_latency"):
@@ -131,6 +132,7 @@ def run_greedy(build, tp: int, enc, max_new_tokens: int, repeats: int = 1, **bui
                 ttfts.append(st["ttft_s"])
         return {"tp": tp, "tokens": tokens, "itl_s": statistics.median(itls) if itls else None,
                 "ttft_s": statistics.median(ttfts) if ttfts else None, "s_per_token": statistics.median(per_token),
+                "itl_samples_s": itls, "s_per_token_samples": per_token, "ttft_samples_s": ttfts,
                 "build_s": getattr(model, "build_s", None)}
     finally:
         if hasattr(model, "close"):
@@ -141,12 +143,15 @@ def latency_summary(runs: dict) -> dict:
     """Per tp, ms per token: the inter-token latency when every run timed its tokens, else the wall time per new
     token with the prompt included (NxD Inference's adapter times no single token); ``key`` names it in the
     metrics. ``comm_ms``: the collectives' estimated share (all-reduce latency x count), only for reference-engine
-    runs that measured it (tp=1 has none: 0)."""
+    runs that measured it (tp=1 has none: 0). ``spread``: per tp, a :class:`Spread` of the per-repeat figures in
+    seconds (one sample, the median, for runs that kept no samples)."""
     timed = all(r.get("itl_s") is not None for r in runs.values())
     ms = {tp: 1e3 * (r["itl_s"] if timed else r["s_per_token"]) for tp, r in runs.items()}
+    samples = {tp: r.get("itl_samples_s" if timed else "s_per_token_samples") or [ms[tp] / 1e3] for tp, r in runs.items()}
     measured = any("all_reduce_s" in r for r in runs.values())
     comm = {tp: 1e3 * r.get("all_reduce_s", 0.0) * r.get("collectives_per_step", 0) for tp, r in runs.items()}
     return {"ms": ms, "comm_ms": comm if measured else {}, "key": "itl_ms" if timed else "ms_per_token",
+            "spread": {tp: Spread(v) for tp, v in samples.items()},
             "what": "inter-token latency" if timed else "wall time per new token, prompt included"}
 
 
@@ -210,6 +215,7 @@ def strategy_sweep(build, shape: Shape, tp_degrees, batch_sizes, encode, max_new
     def measured(res, ref, first, layout):
         return {**compare(res, ref), "rank_kv_bytes": [r["kv_bytes"] for r in res["ranks"]],
                 "kv_cache_shape": res["ranks"][0]["kv_cache_shape"], "itl_ms": round(1e3 * res["itl_s"], 2), "first": first,
+                "itl_samples_ms": [1e3 * t for t in res.get("itl_samples_s") or [res["itl_s"]]],
                 "layout": (layout.tp, layout.name, layout.kv_mode)}
 
     for tp, b, req in cases:
@@ -238,7 +244,9 @@ EXTRA_COLLECTIVES = {"heads": "", "batch": "4 all-to-all", "gather": "2 all-gath
 def strategy_costs(rows: list[dict]) -> list[dict]:
     """What each distinct layout of a :func:`strategy_sweep` costs, per workload (batch size): one row per layout
     (the tp=1 default included) with the requests that end in it, the measured inter-token latency, the tokens
-    per second of the whole batch, the KV cache each rank allocated and the collectives it adds per layer."""
+    per second of the whole batch, the KV cache each rank allocated and the collectives it adds per layer.
+    ``itl_min_ms`` / ``itl_max_ms``: the range of the per-repeat latencies (``itl_ms`` is their median), which
+    ``itl_samples_ms`` lists (for :func:`helpers.notebook.figures.compare`)."""
     out: dict = {}
     for r in rows:
         if r["status"] != "ok":
@@ -246,7 +254,10 @@ def strategy_costs(rows: list[dict]) -> list[dict]:
         tp, name, mode = r["layout"]
         c = out.setdefault((r["batch"], r["first"]), {
             "batch": r["batch"], "tp": tp, "layout": name, "kv_mode": mode,
-            "itl_ms": r["itl_ms"], "tokens_per_s": round(r["batch"] * 1e3 / r["itl_ms"], 1),
+            "itl_ms": r["itl_ms"], "itl_min_ms": round(min(r.get("itl_samples_ms") or [r["itl_ms"]]), 2),
+            "itl_max_ms": round(max(r.get("itl_samples_ms") or [r["itl_ms"]]), 2),
+            "itl_samples_ms": list(r.get("itl_samples_ms") or [r["itl_ms"]]),
+            "tokens_per_s": round(r["batch"] * 1e3 / r["itl_ms"], 1),
             "kv_mib_per_rank": round(max(r["rank_kv_bytes"]) / 2 ** 20, 3),
             "extra_collectives_per_layer": EXTRA_COLLECTIVES[mode], "requests": ""})
         c["requests"] = ", ".join(filter(None, [c["requests"], r["requested"]]))
@@ -294,9 +305,13 @@ def library_sweep(build, shape: Shape, stack: str, tp_degrees, batch_sizes, enco
     return rows
 
 
-def strategy_table(models, tp_degrees, batch_sizes) -> list[dict]:
-    """Which strategy each library ends with, per (model, tp, batch) and request ('error' = refused)."""
+def strategy_table(models, tp_degrees, batch_sizes, reasons: dict | None = None) -> list[dict]:
+    """Which strategy each library ends with, per (model, tp, batch) and request. A request that the libraries'
+    rules (``helpers.planning.gqa``, nothing compiled) say cannot be built reads "predicted to fail [k]": ``reasons``,
+    when given, is filled with ``{k: the reason}`` (one number per distinct reason)."""
     rows = []
+    reasons = {} if reasons is None else reasons
+    numbers: dict[str, int] = {v: k for k, v in reasons.items()}
     for m in models:
         s = Shape.from_config(load_model_config(m))
         for tp in tp_degrees:
@@ -310,8 +325,10 @@ def strategy_table(models, tp_degrees, batch_sizes) -> list[dict]:
                             lay = (library_default(lib, s.heads, s.kv_heads, s.head_dim, tp, b) if req is None
                                    else resolve_layout(s.heads, s.kv_heads, s.head_dim, tp, b, req))
                             cell = f"{lay.name} ({lay.kv_heads_per_rank}kv)"
-                        except ValueError:
-                            cell = "error"
+                        except ValueError as e:
+                            k = numbers.setdefault(str(e), len(numbers) + 1)
+                            reasons[k] = str(e)
+                            cell = f"predicted to fail [{k}]"
                     row[f"{lib}:{label(req)}"] = cell
                 rows.append(row)
     return rows
@@ -337,7 +354,7 @@ def workload_plans(model, tp: int, batch_sizes, n_positions: int = 4096, amp: st
 
 def plot_strategy_costs(costs: list[dict], title: str = ""):
     """Per workload (batch size, one row of panels): each layout's measured inter-token latency and the KV cache
-    per rank (from :func:`strategy_costs`)."""
+    per rank (from :func:`strategy_costs`); the latency bars carry the min-max of the repeats as error bars."""
     import matplotlib.pyplot as plt
 
     batches = sorted({c["batch"] for c in costs})
@@ -346,15 +363,17 @@ def plot_strategy_costs(costs: list[dict], title: str = ""):
         cs = [c for c in costs if c["batch"] == b]
         names = [f"tp={c['tp']}\n{c['layout']}" + (f"\n+{c['extra_collectives_per_layer']}/layer"
                                                     if c["extra_collectives_per_layer"] else "") for c in cs]
-        a_lat.bar(names, [c["itl_ms"] for c in cs], color="tab:blue")
-        a_lat.set(ylabel="ms per token", title=f"batch {b}: inter-token latency (measured)")
+        med = [c["itl_ms"] for c in cs]
+        err = [[m - c.get("itl_min_ms", m) for m, c in zip(med, cs)], [c.get("itl_max_ms", m) - m for m, c in zip(med, cs)]]
+        a_lat.bar(names, med, color="tab:blue", yerr=err, capsize=3)
+        a_lat.set(ylabel="ms per token", title=f"batch {b}: inter-token latency (median, min-max of repeats)")
         a_kv.bar(names, [c["kv_mib_per_rank"] for c in cs], color="tab:orange")
         a_kv.set(ylabel="MiB per rank", title=f"batch {b}: KV cache per rank (allocated)")
         for a in (a_lat, a_kv):
             a.tick_params(axis="x", labelsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))  # room for a two-line title (figures.titled)
     return fig
 
 
@@ -410,3 +429,24 @@ def draw_layout(ax, layout, title: str | None = None):
     for side in ("top", "right", "bottom"):
         ax.spines[side].set_visible(False)
     ax.set_title(title or f"{layout.library} {layout.name} ({layout.kv_mode}), tp={layout.tp}", fontsize=9)
+
+
+def n_positions_fit(model, inst, tp: int, n_positions, reserves=(RUNTIME_RESERVE, 0.0), **kwargs) -> dict:
+    """The planner's weights + KV cache per core (GiB) at each ``n_positions`` for one ``tp``, what one core of
+    ``inst`` can use for each runtime ``reserve`` (GiB), and per reserve the largest ``n_positions`` that still fits
+    (KV grows linearly with it; None when not even 1 fits, the model's maximum when all do)."""
+    s = Shape.from_config(load_model_config(model))
+    hbm = instance(inst).hbm_per_core_bytes
+    gib = [plan(model, tp, n_positions=n, **kwargs).total_bytes / GiB for n in n_positions]
+    usable, largest = {}, {}
+    for r in reserves:
+        usable[r] = hbm * (1 - r) / GiB
+        lo, hi = 0, s.max_positions  # the largest n with plan(n) <= usable, by bisection
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if plan(model, tp, n_positions=mid, **kwargs).total_bytes <= int(hbm * (1 - r)):  # as Plan.fits
+                lo = mid
+            else:
+                hi = mid - 1
+        largest[r] = lo or None
+    return {"n_positions": list(n_positions), "gib": gib, "usable_gib": usable, "largest_fitting": largest}

@@ -22,18 +22,40 @@ import time
 from pathlib import Path
 
 from .dtypes import amp_dtype
+from .gqa import round_up
 from .memory import RUNTIME_RESERVE, Shape, instance, load_model_config, plan
 
 BATCH_SIZES = (1, 4, 8, 16, 32, 64, 128)  # 004: "always the following"
 MIN_SEQUENCE_LENGTH = 1024
 
+# Which tp degrees a model's attention heads allow, by whose rule:
+HEAD_RULES = {
+    # optimum-neuron's export workflow (004): "the tensor parallel size must divide the number of attention heads"
+    "divide": "the degree divides the attention heads (optimum-neuron's export rule, shared/reference/004)",
+    # transformers-neuronx (utils.py get_qkv_padding) and NxD Inference (get_number_of_extra_heads) pad the query
+    # heads with zero heads up to a multiple of tp and build: aws-neuron-samples' inf2 Llama-3.x notebooks run
+    # 32-head models at tp_degree=24 with transformers-neuronx
+    "pad": "any degree: the query heads are padded with zero heads up to a multiple of tp "
+           "(transformers-neuronx and NxD Inference do this)",
+}
 
-def candidate_tp_degrees(inst, n_heads: int) -> list[int]:
+
+def candidate_tp_degrees(inst, n_heads: int, heads: str = "divide") -> list[int]:
     """004's rules — at least 2, a multiple of the cores per device (chip), at most the instance's cores
     (004 says "less than"; a whole instance is a valid choice, so <=), dividing the attention heads —
-    intersected with the degrees the Neuron runtime supports on the platform (memory.PLATFORM_TP_DEGREES)."""
+    intersected with the degrees the Neuron runtime supports on the platform (memory.PLATFORM_TP_DEGREES).
+
+    ``heads``: "divide" (004's rule, optimum-neuron's export) or "pad" (also the degrees that do not divide the
+    heads: transformers-neuronx and NxD Inference pad the query heads up to a multiple of tp and build them)."""
+    if heads not in HEAD_RULES:
+        raise ValueError(f"heads={heads!r}: use one of {sorted(HEAD_RULES)}")
     it = instance(inst)
-    return [t for t in it.tp_degrees if t >= 2 and t % it.cores_per_chip == 0 and n_heads % t == 0]
+    return [t for t in it.tp_degrees if t >= 2 and t % it.cores_per_chip == 0 and (heads == "pad" or n_heads % t == 0)]
+
+
+def padded_heads(n_heads: int, tp: int) -> int:
+    """Zero heads the libraries add so that ``tp`` divides the query heads (0 when it does)."""
+    return round_up(n_heads, tp) - n_heads
 
 
 def candidate_sequence_lengths(max_positions: int, minimum: int = MIN_SEQUENCE_LENGTH) -> list[int]:
@@ -48,8 +70,8 @@ def candidate_sequence_lengths(max_positions: int, minimum: int = MIN_SEQUENCE_L
 def _load(path: Path, header: dict) -> dict:
     if path.is_file():
         data = json.loads(path.read_text())
-        for k in ("model", "instance", "library", "amp"):
-            if data.get(k) != header[k]:
+        for k in ("model", "instance", "library", "amp", "heads"):
+            if data.get(k, "divide" if k == "heads" else None) != header[k]:  # files from before "heads": divide
                 raise ValueError(f"{path} holds results for {k}={data.get(k)!r}, this search has {header[k]!r}: "
                                  "use another results file")
         return data
@@ -78,8 +100,11 @@ def skip_reason(tp: int, batch: int, seq: int, tested: list[dict]) -> str | None
 
 def search(model, inst, results_path, library: str = "tnx", amp: str = "bf16", verify: str | None = None,
            model_path=None, tp_degrees=None, batch_sizes=BATCH_SIZES, sequence_lengths=None,
-           reserve: float = RUNTIME_RESERVE, timeout_s: float = 3600, log=print) -> dict:
+           reserve: float = RUNTIME_RESERVE, timeout_s: float = 3600, heads: str = "divide", log=print) -> dict:
     """Run (or resume) the search; returns the results file's content.
+
+    ``heads``: which degrees the attention heads allow (:data:`HEAD_RULES`): "divide" (004's rule, the default) or
+    "pad" (the degrees the libraries build with padded query heads too); each entry records ``padded_heads``.
 
     ``verify``: None / "planner" (the prediction is the verdict), "neuron" (compile + load in a child
     process), or a callable ``(tp, batch, seq) -> bool`` (e.g. a remote check).
@@ -92,11 +117,12 @@ def search(model, inst, results_path, library: str = "tnx", amp: str = "bf16", v
     cfg = load_model_config(model_path if model_path is not None and model is None else model)
     s = Shape.from_config(cfg)
     it = instance(inst)
-    tps = sorted(tp_degrees or candidate_tp_degrees(it, s.heads))
+    tps = sorted(tp_degrees or candidate_tp_degrees(it, s.heads, heads))
     batches = sorted(batch_sizes, reverse=True)
     seqs = sorted(sequence_lengths or candidate_sequence_lengths(s.max_positions), reverse=True)
     path = Path(results_path)
-    data = _load(path, {"model": s.name, "instance": it.name, "library": library, "amp": amp})
+    data = _load(path, {"model": s.name, "instance": it.name, "library": library, "amp": amp, "heads": heads})
+    data.setdefault("heads", heads)  # a file from before the option: its rule was "divide" (checked by _load)
     data["verify"] = getattr(verify, "__name__", "callable") if callable(verify) else (verify or "planner")
     for tp in tps:
         for batch in batches:
@@ -106,7 +132,7 @@ def search(model, inst, results_path, library: str = "tnx", amp: str = "bf16", v
                     continue
                 p = plan(cfg, tp, batch_size=batch, n_positions=seq, amp=amp, library=library)
                 entry = {"tp_degree": tp, "batch_size": batch, "sequence_length": seq,
-                         "predicted_fits": p.fits(it, reserve), "predicted_gib": round(p.total_bytes / 2**30, 3),
+                         "padded_heads": padded_heads(s.heads, tp), "predicted_fits": p.fits(it, reserve), "predicted_gib": round(p.total_bytes / 2**30, 3),
                          "source": "planner", "valid": p.fits(it, reserve), "error": p.error, "seconds": 0.0}
                 if verify == "neuron":
                     entry.update(verify_on_neuron(model_path, library, tp, batch, seq, amp, timeout_s))
@@ -172,6 +198,8 @@ def main(argv=None):
     s.add_argument("--library", default="tnx", choices=("tnx", "nxdi"))
     s.add_argument("--amp", default="bf16")
     s.add_argument("--verify", default=None, choices=("planner", "neuron"))
+    s.add_argument("--heads", default="divide", choices=sorted(HEAD_RULES),
+                   help="divide: 004's rule (tp divides the attention heads); pad: also degrees the libraries pad to")
     v = sub.add_parser("verify")
     v.add_argument("--library", required=True, choices=("tnx", "nxdi"))
     v.add_argument("--model-path", required=True)
@@ -184,7 +212,8 @@ def main(argv=None):
     if a.cmd == "verify":
         _verify_main(a)
     else:
-        search(a.model, a.instance, a.out, library=a.library, amp=a.amp, verify=a.verify, model_path=a.model_path)
+        search(a.model, a.instance, a.out, library=a.library, amp=a.amp, verify=a.verify, model_path=a.model_path,
+               heads=a.heads)
 
 
 if __name__ == "__main__":
