@@ -909,10 +909,17 @@ def _stand_in_path(stack):
     return [str(d), str(REPO)]
 
 
-def declared_probes(stack):
-    sys.path.insert(0, str(STAND_INS))
-    from deviations import DEVIATIONS
+def load_deviations():
+    """tests/neuron_sim/deviations.py (its DEVIATIONS table and render()), read from its file: putting
+    tests/neuron_sim on sys.path would make the stand-ins importable in this process under the real libraries' names."""
+    spec = importlib.util.spec_from_file_location("neuron_sim_deviations", STAND_INS / "deviations.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
+
+def declared_probes(stack):
+    DEVIATIONS = load_deviations().DEVIATIONS
     return [(d["id"], re.compile(p)) for d in DEVIATIONS if d["stack"] in (stack, "both") for p in d.get("probes", ())]
 
 
