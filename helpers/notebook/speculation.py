@@ -101,13 +101,15 @@ def account(row: dict, k: int, draft_steps: float, verify_steps: float) -> dict:
       ``(plain - prefill) / (new_tokens - 1)``; the speculative run is predicted at ``prefill + rounds * (k *
       draft + verify)`` steps;
     - ``rest_steps_per_round``: what the measured speculative time has beyond that prediction, per target call, in
-      decode steps: the loop's host work (drafting, acceptance) and the draft's own prompt encoding."""
+      decode steps: the loop's host work (drafting, acceptance) and the draft's own prompt encoding.
+
+    ``measured`` is the median of the per-round ratios plain / speculative (the sweep's speedup)."""
     plain, spec = statistics.median(row["plain_s"]), statistics.median(row["spec_s"])
     prefill = statistics.median(row["prefill_s"])
     step = (plain - prefill) / max(1, row["new_tokens"] - 1)
     per_round = k * draft_steps + verify_steps
     predicted = prefill + row["rounds"] * per_round * step
-    return {"measured": plain / spec,
+    return {"measured": Spread(p / s for p, s in zip(row["plain_s"], row["spec_s"])).median,
             "leviathan": expected_speedup(row["acceptance_rate"], k, draft_steps, verify_steps),
             "counted": plain / predicted,
             "prefill_share": prefill / plain,
