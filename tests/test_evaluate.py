@@ -3,8 +3,8 @@ import pytest
 import torch
 
 import helpers
-from helpers.notebook.evaluate import (decode_tokens_per_s, sampled_agreement, sequence_logits,
-                                      teacher_forced_agreement)
+from helpers.notebook.evaluate import (decode_tokens_per_s, interleaved_decode_seconds, sampled_agreement,
+                                       sequence_logits, teacher_forced_agreement)
 from tiny_models import write_tiny
 
 
@@ -84,3 +84,38 @@ def test_decode_tokens_per_s_refuses_noise():
 
     with pytest.raises(RuntimeError, match="timing noise"):
         decode_tokens_per_s(Flat(), torch.ones(1, 4, dtype=torch.long), 5)
+
+
+def test_interleaved_decode_seconds_runs_the_models_in_turn():
+    order = []
+
+    class Named(WholeGenerations):
+        def __init__(self, name, per_token):
+            self.name, self.per_token = name, per_token
+
+        def sample(self, ids, sequence_length, **kwargs):
+            out = super().sample(ids, sequence_length)
+            n = sequence_length - ids.shape[1]
+            self.stats["total_s"] = 0.5 + self.per_token * n
+            if n > 1:
+                order.append(self.name)
+            return out
+
+    t = interleaved_decode_seconds({"a": Named("a", 0.1), "b": Named("b", 0.2)}, torch.ones(1, 4, dtype=torch.long),
+                                   11, repeats=3)
+    assert order == ["a", "b"] * 4  # a warm-up round, then 3 rounds in turn
+    assert t["a"] == pytest.approx([0.1] * 3) and t["b"] == pytest.approx([0.2] * 3)
+    with pytest.raises(ValueError, match="repeats"):
+        interleaved_decode_seconds({"a": Named("a", 0.1)}, torch.ones(1, 4, dtype=torch.long), 11, repeats=0)
+
+
+def test_interleaved_decode_seconds_takes_the_median_step_where_tokens_are_timed():
+    class Timed:  # 0.1 s per token, one step stalled by 2 s
+        def sample(self, ids, sequence_length, **kwargs):
+            n = sequence_length - ids.shape[1]
+            times = [0.5 + 0.1 * i + (2.0 if i >= 3 else 0.0) for i in range(n)]
+            self.stats = {"ttft_s": times[0], "token_times_s": times, "total_s": times[-1], "new_tokens": n}
+            return torch.cat([ids, torch.zeros(1, n, dtype=torch.long)], dim=1)
+
+    t = interleaved_decode_seconds({"a": Timed()}, torch.ones(1, 4, dtype=torch.long), 11, repeats=2)
+    assert t["a"] == pytest.approx([0.1, 0.1])

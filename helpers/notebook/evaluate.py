@@ -6,6 +6,7 @@ whole token sequence at once: one causal forward that returns the logits of ever
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from pathlib import Path
 
@@ -101,6 +102,33 @@ def decode_tokens_per_s(model, input_ids: torch.Tensor, new_tokens: int, repeats
                                "timing noise exceeds the decode time, raise new_tokens")
         best = max(best, (new_tokens - 1) / (total - min(first)))
     return best
+
+
+def interleaved_decode_seconds(models: dict, input_ids: torch.Tensor, new_tokens: int, repeats: int = 5) -> dict:
+    """``name -> [seconds per decoded token, one per repeat]`` for every model of ``models``: after one warm-up
+    each, the models run a greedy generation of ``new_tokens`` in turn, ``repeats`` rounds, so that load on a
+    shared machine hits them alike. A round's figure is the median interval between consecutive tokens where the
+    model times each token (a stall of the machine during one step does not move it), else the decode time of the
+    whole generation per token (:func:`decode_tokens_per_s`). Feed two lists to
+    :func:`helpers.notebook.figures.compare`."""
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats}: must be >= 1")
+    ids = torch.as_tensor(input_ids).reshape(1, -1)
+
+    def per_token(model) -> float:
+        rate = decode_tokens_per_s(model, ids, new_tokens)
+        t = model.stats.get("token_times_s") or []
+        if model.stats.get("ttft_s") is None or len(t) < 3:
+            return 1 / rate
+        return statistics.median(b - a for a, b in zip(t, t[1:]))
+
+    for model in models.values():
+        per_token(model)
+    out = {name: [] for name in models}
+    for _ in range(repeats):
+        for name, model in models.items():
+            out[name].append(per_token(model))
+    return out
 
 
 def timed(fn, *args, **kwargs):
