@@ -136,4 +136,4 @@ def test_nxdi_fp8_and_kv_cache_keywords_are_the_pinned_releases():
         with pytest.raises(AssertionError, match="not a valid QuantizedDtype"):
             NeuronConfig(quantized=True, quantized_checkpoints_path="q", quantization_dtype="fp8")
         nc = NeuronConfig(kv_cache_quant=True, kv_quant_config={"quant_dtype": torch.float8_e4m3fn, "direct_cast": True})
-        assert nc.kv_cache_quant and nc.kv_quant_config["direct_cast"]
+        assert nc.kv_cache_quant and nc.kv_quant_config.direct_cast  # a KVQuantizationConfig, as 0.8 builds it
