@@ -62,7 +62,13 @@ PREPARE="from helpers.model_store import resolve_model_path; print(resolve_model
 NEURON_NB_CACHE="$FRESH" "$VENV/bin/python" -c "$PREPARE"
 "$VENV/bin/python" -c "$PREPARE"
 
-"$VENV/bin/python" -m pytest tests/contract -q -ra -p no:cacheprovider -k "$STACK or not (tnx or nxdi)"
+# NEURON_LANE_PARTS picks the parts to run (default all three, in this order); ci/test.sh splits them over its two
+# streams. Every part runs even when an earlier one failed; the exit status says whether any failed.
+PARTS=" ${NEURON_LANE_PARTS:-contract cells notebooks} "
+status=0
+if [[ "$PARTS" == *" contract "* ]]; then
+  "$VENV/bin/python" -m pytest tests/contract -q -ra -p no:cacheprovider -k "$STACK or not (tnx or nxdi)" || status=1
+fi
 
 # Every Neuron cell of this stack alone, as a script in its own process and an empty folder: what a reader who
 # copies the cell out of the repository runs (helpers imports from the cell's code fail there).
@@ -75,10 +81,13 @@ for arg in "$@"; do
     *) if [ "$collect" = 1 ]; then SELECTED+=("$arg"); fi ;;
   esac
 done
-status=0
-"$VENV/bin/python" ci/neuron_cells.py "$STACK" --out "${OUT_DIR:-out/neuron-sim-$STACK}/cells" \
-  ${SELECTED[@]+--notebooks "${SELECTED[@]}"} || status=1
+if [[ "$PARTS" == *" cells "* ]]; then
+  "$VENV/bin/python" ci/neuron_cells.py "$STACK" --out "${OUT_DIR:-out/neuron-sim-$STACK}/cells" \
+    ${SELECTED[@]+--notebooks "${SELECTED[@]}"} || status=1
+fi
 # Then every notebook whole on backend="neuron".
-"$VENV/bin/python" ci/run_notebooks.py --params ci/params/inf2.yaml --params "ci/params/inf2-$STACK.yaml" \
-  --params ci/params/neuron-sim.yaml --out "${OUT_DIR:-out/neuron-sim-$STACK}" "$@" || status=1
+if [[ "$PARTS" == *" notebooks "* ]]; then
+  "$VENV/bin/python" ci/run_notebooks.py --params ci/params/inf2.yaml --params "ci/params/inf2-$STACK.yaml" \
+    --params ci/params/neuron-sim.yaml --out "${OUT_DIR:-out/neuron-sim-$STACK}" "$@" || status=1
+fi
 exit $status

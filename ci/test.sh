@@ -3,12 +3,13 @@
 # machine, each single-threaded (OMP_NUM_THREADS=1, so they do not oversubscribe the cores):
 #   stream 1: every notebook once through papermill on the reference backend, at its own defaults
 #             (tests/test_notebooks.py, ci/params/cpu.yaml, metrics against ci/baselines/cpu.json), then the
-#             benchmarks' smoke runs (tests/test_benchmark.py);
+#             benchmarks' smoke runs (tests/test_benchmark.py), then the lanes' third part: every Neuron cell of
+#             each stack alone as a script against its stand-in (ci/neuron_sim.sh with NEURON_LANE_PARTS=cells);
 #   stream 2: the unit tests of helpers (engine parity with transformers, the runner, ...), then the two
-#             neuron lanes (ci/neuron_sim.sh tnx, then nxdi): the contract and
+#             neuron lanes (ci/neuron_sim.sh tnx, then nxdi) without their cells: the contract and
 #             stand-in tests of each pinned stack and every notebook with backend="neuron", under the
 #             transformers version the stack pins.
-# Stream 1's log is printed when both have finished (also kept in $OUT_DIR/test-logs, default out/).
+# Stream 1's logs (cells, then notebooks) are printed when both have finished (also kept in $OUT_DIR/test-logs, default out/).
 # Everything runs even when a part fails; the exit status is non-zero if any failed. Extra arguments go to
 # both pytest runs. The figures the notebooks print here are single-threaded and measured beside another
 # stream: ratios within one run hold, absolute speeds are lower than on an idle machine.
@@ -33,19 +34,30 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_NUM_THREADS=1
 status=0
 
-.venv/bin/python -m pytest tests/test_notebooks.py tests/test_benchmark.py -q -ra "$@" > "$LOGS/notebooks.log" 2>&1 &
-notebooks=$!
+# stream 1: the notebooks, the benchmark smoke runs, then every Neuron cell of both stacks alone as a script
+(
+  s=0
+  .venv/bin/python -m pytest tests/test_notebooks.py tests/test_benchmark.py -q -ra "$@" > "$LOGS/notebooks.log" 2>&1 || s=1
+  for stack in tnx nxdi; do
+    echo "== neuron lane, every Neuron cell alone as a script: $stack"
+    NEURON_LANE_PARTS=cells bash ci/neuron_sim.sh "$stack" || s=1
+  done > "$LOGS/cells.log" 2>&1
+  exit $s
+) &
+stream1=$!
 
 # tests/contract runs inside each lane (its NxD Inference stand-in needs that stack's transformers)
 .venv/bin/python -m pytest tests -q -ra --durations=15 --ignore=tests/contract --ignore=tests/test_notebooks.py \
   --ignore=tests/test_benchmark.py "$@" \
   || status=1
 for stack in tnx nxdi; do
-  echo "== neuron lane: $stack"
-  bash ci/neuron_sim.sh "$stack" || status=1
+  echo "== neuron lane: $stack (contract tests, then every notebook on backend=neuron)"
+  NEURON_LANE_PARTS="contract notebooks" bash ci/neuron_sim.sh "$stack" || status=1
 done
 
-wait "$notebooks" || status=1
+wait "$stream1" || status=1
+echo "== every Neuron cell alone as a script, both stacks (stream 1, after the notebooks)"
+cat "$LOGS/cells.log"
 echo "== every notebook on the reference backend, then the benchmark smoke runs (stream 1)"
 cat "$LOGS/notebooks.log"
 exit $status
