@@ -65,3 +65,17 @@ def test_decode_tokens_per_s_refuses_noise():
 
     with pytest.raises(RuntimeError, match="timing noise"):
         decode_tokens_per_s(Flat(), torch.ones(1, 4, dtype=torch.long), 5)
+
+
+def test_describe_difference_says_what_differs():
+    from helpers.notebook.evaluate import describe_difference
+    a = torch.tensor([[1, 2, 3, 4]])
+    assert describe_difference(a, a.clone()) == "tokens identical"
+    b = torch.tensor([[1, 2, 9, 4]])
+    assert describe_difference(a, b) == "1 token(s) differ, the first at row 0, position 2: 3 expected, 9 got"
+    assert describe_difference(a, a[:, :3]) == "token shapes (1, 4) vs (1, 3)"
+    la = torch.zeros(2, 3)
+    lb = la.clone(); lb[1, 2] = 0.5
+    assert describe_difference(a, a, la, lb) == ("tokens identical; logits differ at 1 of 6 entries, max |diff| "
+                                                 "5.000e-01 at index (1, 2)")
+    assert describe_difference(a, a, la, la.clone()).endswith("logits bit-identical")
