@@ -117,3 +117,22 @@ def test_sample_traffic_fits_max_length():
     assert abs(prompts.mean() - 1500) < 30 and 0.9 < ((prompts >= 1000) & (prompts <= 2000)).mean() < 0.99
     with pytest.raises(ValueError, match="prompt_mean"):
         sample_traffic(3000, 500, 200, 10, 2048)
+
+
+def test_interleaved_samples_keep_every_repeat():
+    calls = []
+    out = bb.interleaved_samples({"a": lambda: calls.append("a") or 1.0, "b": lambda: calls.append("b") or 2.0}, 3)
+    assert out == {"a": [1.0] * 3, "b": [2.0] * 3} and calls == ["a", "b"] * 3
+
+
+def test_boundary_lengths_straddle_each_bucket():
+    assert bb.boundary_lengths([64, 128, 192], 384, offset=4, beyond=(224,)) == [8, 60, 68, 124, 132, 188, 196, 224]
+    assert bb.boundary_lengths([128], 130, offset=4) == [8, 124]  # 132 is not below n_max
+
+
+def test_decode_windows_stay_inside_their_bucket():
+    w = bb.decode_windows([128, 256, 384], 16, 100)
+    assert w == {128: 100, 256: 128, 384: 256}
+    for b, p in w.items():  # every step's KV length (p + 1 .. p + 16) selects bucket b
+        assert {tnx_find([128, 256, 384], p + i) for i in range(1, 17)} == {b}
+    assert bb.decode_windows([128, 136], 16, 200) == {128: 111}  # 136 holds fewer than 16 steps

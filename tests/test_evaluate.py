@@ -119,3 +119,17 @@ def test_interleaved_decode_seconds_takes_the_median_step_where_tokens_are_timed
 
     t = interleaved_decode_seconds({"a": Timed()}, torch.ones(1, 4, dtype=torch.long), 11, repeats=2)
     assert t["a"] == pytest.approx([0.1, 0.1])
+
+
+def test_describe_difference_says_what_differs():
+    from helpers.notebook.evaluate import describe_difference
+    a = torch.tensor([[1, 2, 3, 4]])
+    assert describe_difference(a, a.clone()) == "tokens identical"
+    b = torch.tensor([[1, 2, 9, 4]])
+    assert describe_difference(a, b) == "1 token(s) differ, the first at row 0, position 2: 3 expected, 9 got"
+    assert describe_difference(a, a[:, :3]) == "token shapes (1, 4) vs (1, 3)"
+    la = torch.zeros(2, 3)
+    lb = la.clone(); lb[1, 2] = 0.5
+    assert describe_difference(a, a, la, lb) == ("tokens identical; logits differ at 1 of 6 entries, max |diff| "
+                                                 "5.000e-01 at index (1, 2)")
+    assert describe_difference(a, a, la, la.clone()).endswith("logits bit-identical")

@@ -53,25 +53,61 @@ def ttft(model, input_ids, repeats: int = 3) -> float:
                              for _ in range(max(1, int(repeats))))
 
 
-def interleaved(runs: dict, repeats: int = 3) -> dict:
-    """Median of each timing function, the functions called in turn ``repeats`` times: on a shared
-    machine, load that drifts over minutes hits every candidate alike (compare ratios, not absolutes)."""
+def interleaved_samples(runs: dict, repeats: int = 3) -> dict[str, list[float]]:
+    """Every timing of each function, the functions called in turn ``repeats`` times: on a shared machine, load
+    that drifts over minutes hits every candidate alike. Keep the samples to show their spread
+    (:class:`helpers.notebook.figures.Spread`)."""
     times = {name: [] for name in runs}
     for _ in range(max(1, int(repeats))):
         for name, run in runs.items():
             times[name].append(run())
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
 
 
-def ttft_table(models: dict, lengths, batch: int = 1, repeats: int = 3, vocab: int = 32000) -> dict:
-    """``{model name: {prompt length: median TTFT s}}``, the models measured interleaved per length."""
+def interleaved(runs: dict, repeats: int = 3) -> dict:
+    """Median of each timing function of :func:`interleaved_samples`."""
+    return {name: statistics.median(t) for name, t in interleaved_samples(runs, repeats).items()}
+
+
+def ttft_samples(models: dict, lengths, batch: int = 1, repeats: int = 3, vocab: int = 32000) -> dict:
+    """``{model name: {prompt length: [TTFT s of each repeat]}}``, the models measured interleaved per length."""
     table = {name: {} for name in models}
     for n in lengths:
         ids = random_prompt(n, batch, vocab, seed=int(n))
         runs = {name: (lambda m=m: timed_sample(m, ids, ids.shape[1] + 1)[0]) for name, m in models.items()}
-        for name, t in interleaved(runs, repeats).items():
+        for name, t in interleaved_samples(runs, repeats).items():
             table[name][int(n)] = t
     return table
+
+
+def ttft_table(models: dict, lengths, batch: int = 1, repeats: int = 3, vocab: int = 32000) -> dict:
+    """``{model name: {prompt length: median TTFT s}}`` (:func:`ttft_samples`)."""
+    return {name: {n: statistics.median(t) for n, t in by_len.items()}
+            for name, by_len in ttft_samples(models, lengths, batch, repeats, vocab).items()}
+
+
+def boundary_lengths(buckets, n_max: int, offset: int = 4, beyond=(), low: int = 8) -> list[int]:
+    """Prompt lengths that show where TTFT steps: ``offset`` tokens below and above every context bucket
+    boundary, plus ``beyond`` (lengths past the largest bucket, where transformers-neuronx continues token by
+    token) and ``low``; all in ``[1, n_max)``."""
+    lengths = {int(low)} | {int(n) for n in beyond}
+    for b in buckets:
+        lengths |= {int(b) - offset, int(b) + offset}
+    return sorted(n for n in lengths if 1 <= n < n_max)
+
+
+def decode_windows(token_buckets, steps: int, first_prompt: int) -> dict[int, int]:
+    """``{token bucket: prompt length}``: a prompt per token bucket whose next ``steps`` decode steps all attend
+    over KV lengths inside that bucket (step i attends over prompt + i positions, kept below the boundary so that
+    transformers-neuronx's and NxD Inference's strict selection agree). The first bucket's prompt is ``first_prompt`` (lowered to fit); a later one starts at the previous
+    boundary. A bucket narrower than ``steps`` is left out."""
+    out, prev = {}, 0
+    for b in sorted(int(x) for x in token_buckets):
+        prompt = min(int(first_prompt), b - steps - 1) if prev == 0 else prev
+        if prompt >= max(1, prev) and prompt + steps < b:
+            out[b] = prompt
+        prev = b
+    return out
 
 
 def step_latency(model, prompt_len: int, new_tokens: int, batch: int = 1, vocab: int = 32000) -> float:
@@ -137,12 +173,27 @@ def median_by_bucket(kv_lengths, latencies, buckets) -> dict[int, float]:
 
 
 def graph_costs(model) -> list[dict]:
-    """Build seconds and saved size of every graph of a model built with ``compiled='export'|'aoti'``."""
+    """Build seconds and saved size of every graph of a model built with ``compiled='export'|'aoti'``, in build
+    order (``model.build_report``); ``first_built`` marks the first graph built, whose seconds include the one-time
+    warm-up of the compiler machinery in this process."""
     with tempfile.TemporaryDirectory() as d:
         model.save(d)
         manifest = json.loads((Path(d) / "graphs-rank0.json").read_text())
-    return [{"graph": e["unit"], "kind": e["spec"].get("kind", "mlp"), "seconds": e["build_s"],
-             "bytes": e["bytes"]} for e in manifest["graphs"]]
+    order = [r["graph"] for r in getattr(model, "build_report", None) or []]
+    costs = [{"graph": e["unit"], "kind": e["spec"].get("kind", "mlp"), "seconds": e["build_s"],
+              "bytes": e["bytes"]} for e in manifest["graphs"]]
+    costs.sort(key=lambda c: order.index(c["graph"]) if c["graph"] in order else len(order))
+    for i, c in enumerate(costs):
+        c["first_built"] = bool(order) and i == 0 and c["graph"] == order[0]
+    return costs
+
+
+def plot_spreads(ax, xs, spreads, scale: float = 1e3, **kw):
+    """Medians of ``spreads`` (:class:`helpers.notebook.figures.Spread`, one per x) with min-max error bars."""
+    med = np.array([s.median for s in spreads]) * scale
+    lo = med - np.array([s.low for s in spreads]) * scale
+    hi = np.array([s.high for s in spreads]) * scale - med
+    return ax.errorbar(list(xs), med, yerr=[lo, hi], capsize=3, **kw)
 
 
 def truncated_normal_lengths(mean: float, spread: float, n: int, lo: int, hi: int, seed: int = 0) -> np.ndarray:

@@ -135,3 +135,33 @@ def timed(fn, *args, **kwargs):
     t0 = time.perf_counter()
     out = fn(*args, **kwargs)
     return out, time.perf_counter() - t0
+
+
+def describe_difference(expected: torch.Tensor, got: torch.Tensor, expected_logits: torch.Tensor | None = None,
+                        got_logits: torch.Tensor | None = None) -> str:
+    """What differs between two generations (token ids [batch, T], optionally their logits): the shapes, or the
+    first differing (row, position) with both tokens and how many differ, and the largest logit difference and
+    where. For assertion messages that claim bit-equality."""
+    parts = []
+    if expected.shape != got.shape:
+        parts.append(f"token shapes {tuple(expected.shape)} vs {tuple(got.shape)}")
+    else:
+        bad = (expected != got).nonzero()
+        if len(bad):
+            r, t = bad[0].tolist()
+            parts.append(f"{len(bad)} token(s) differ, the first at row {r}, position {t}: "
+                         f"{int(expected[r, t])} expected, {int(got[r, t])} got")
+        else:
+            parts.append("tokens identical")
+    if expected_logits is not None and got_logits is not None:
+        if expected_logits.shape != got_logits.shape:
+            parts.append(f"logit shapes {tuple(expected_logits.shape)} vs {tuple(got_logits.shape)}")
+        else:
+            d = (expected_logits.float() - got_logits.float()).abs()
+            if d.max() > 0:
+                where = tuple(int(i) for i in torch.unravel_index(d.argmax(), d.shape))
+                parts.append(f"logits differ at {int((d > 0).sum())} of {d.numel()} entries, max |diff| "
+                             f"{d.max().item():.3e} at index {where}")
+            else:
+                parts.append("logits bit-identical")
+    return "; ".join(parts)
