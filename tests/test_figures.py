@@ -54,3 +54,9 @@ def test_timing_metric_is_not_measurable_when_the_repeats_spread_too_far():
     noisy = compare([1.0, 1.1, 3.0], [2.0, 2.1, 2.2], "stream", "plain")
     entries = timing_entries("x", timing_metric(noisy, 0.5))
     assert entries["x"] is None and "stream repeats spread" in entries["x_not_measurable"]
+
+
+def test_one_run_supports_no_difference():
+    single = compare([1.0], [2.0], "a", "b")
+    assert not single.measurable and "one run" in single.verdict
+    assert not compare([1.0, 1.1], [2.0], "a", "b").measurable

@@ -75,11 +75,16 @@ class Comparison:
 
     @property
     def measurable(self) -> bool:
-        """True when the two ranges do not overlap: the repeats support a difference."""
+        """True when both were repeated and their ranges do not overlap: the repeats support a difference. One run
+        of either has no spread to exceed, so it supports none."""
+        if min(self.a.n, self.b.n) < 2:
+            return False
         return self.a.high < self.b.low or self.b.high < self.a.low
 
     @property
     def verdict(self) -> str:
+        if min(self.a.n, self.b.n) < 2:
+            return f"no difference measurable here between {self.name_a} and {self.name_b} (one run: no spread)"
         if not self.measurable:
             return f"no difference measurable here between {self.name_a} and {self.name_b} (their ranges overlap)"
         faster, slower = (self.name_a, self.name_b) if self.a.median < self.b.median else (self.name_b, self.name_a)
