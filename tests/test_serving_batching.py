@@ -10,10 +10,11 @@ import torch
 
 from helpers import NeuronModel
 from helpers.engine.generation import CausalLM
+from helpers.engine.kv_cache import KVCache
 from helpers.engine.model import Transformer
 from helpers.serving import build_slot_model, run_alone, run_continuous, run_static, sample_traffic
 from helpers.serving.scheduler import ServingClock, left_padded, mismatches, timeline
-from helpers.serving.slots import SlotModel, SlotTransformer
+from helpers.serving.slots import SlotKVCache, SlotModel
 from helpers.serving.traffic import Request, traffic_summary
 from tiny_models import write_tiny
 
@@ -61,8 +62,9 @@ def test_traffic_refuses_bad_parameters(kw, msg):
 
 def test_slot_model_is_the_engine_with_per_row_writes(tiny):
     m = build_slot_model(tiny[0], n_slots=3, n_positions=N_POS)
-    assert isinstance(m, CausalLM) and isinstance(m.model, SlotTransformer) and m.n_slots == 3
-    assert CausalLM.transformer_cls is Transformer  # the engine's default is unchanged
+    assert isinstance(m, CausalLM) and type(m.model) is Transformer and m.n_slots == 3
+    assert isinstance(m.model.cache, SlotKVCache)  # the serving floor extends the cache, not the attention
+    assert CausalLM.cache_cls is KVCache  # the engine's default is unchanged
     with pytest.raises(ValueError, match="one prompt"):
         m.prefill(0, torch.ones(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="slot 3"):

@@ -135,7 +135,7 @@ def test_engine_refuses_what_it_cannot_run(tiny):
         e.generate(list(range(3, 123)), 10)
     with pytest.raises(ValueError, match="tp_degree=1"):
         PrefixCachingEngine(object(), 8, 4)
-    assert e.kv_bytes_per_block == e.tr.k_cache[:, :, :, :4].numel() * 4 * 2
+    assert e.kv_bytes_per_block == e.tr.cache.k[:, :, :, :4].numel() * 4 * 2
 
 
 def test_bucket_rows_use_nxdi_selection(tiny):

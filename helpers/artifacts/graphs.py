@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from ..engine.generation import graph_kinds
 from ..engine.kernels import CpuLinear, cpu_linear
+from ..engine.kv_cache import KVCache
 from ..engine.model import Transformer, build_mask
 from ..engine.weights import LayerWeights
 
@@ -83,7 +84,7 @@ class AttnGraph(torch.nn.Module):
 
     def forward(self, x, cos, sin, slots, attn_mask, k_cache, v_cache, *layer):
         L = layer_view(self.template, self.names, layer)
-        return self.tr.attn_block(x, L, k_cache, v_cache, cos, sin, slots, self.kv_len, attn_mask)
+        return self.tr.attn_block(x, L, KVCache(k_cache, v_cache), cos, sin, slots, self.kv_len, attn_mask)
 
 
 class MlpGraph(torch.nn.Module):
@@ -125,7 +126,8 @@ def example_inputs(tr: Transformer, spec: dict, batch: int) -> tuple:
     rope_pos = slots[None, :].expand(batch, T)
     cos, sin = tr.cos[rope_pos].unsqueeze(2), tr.sin_signed[rope_pos].unsqueeze(2)  # as Transformer.forward
     mask = build_mask(slots, torch.zeros(batch, dtype=torch.long, device=dev), spec["bucket"], None).unsqueeze(1)
-    return (x, cos, sin, slots, mask, tr.k_cache[0], tr.v_cache[0], *layer)
+    kv = tr.cache.layer(0)
+    return (x, cos, sin, slots, mask, kv.k, kv.v, *layer)
 
 
 def export_unit(tr: Transformer, spec: dict, batch: int, artifact: str = "export") -> torch.export.ExportedProgram:
@@ -180,11 +182,12 @@ def probe(tr: Transformer, unit: Unit, batch: int) -> float:
             pairs = [(unit.fn(x, *layer), tr.mlp_block(x, L))]
         else:
             cos, sin, slots, mask = args[1:5]
-            kv_eager = [tr.k_cache[-1].clone(), tr.v_cache[-1].clone()]
-            kv_graph = [tr.k_cache[-1].clone(), tr.v_cache[-1].clone()]
-            ref = tr.attn_block(x, L, *kv_eager, cos, sin, slots, unit.spec["bucket"], mask)
-            out = unit.fn(x, cos, sin, slots, mask, *kv_graph, *layer)
-            pairs = [(out, ref), (kv_graph[0], kv_eager[0]), (kv_graph[1], kv_eager[1])]
+            last = tr.cache.layer(-1)
+            kv_eager = KVCache(last.k.clone(), last.v.clone())
+            kv_graph = KVCache(last.k.clone(), last.v.clone())
+            ref = tr.attn_block(x, L, kv_eager, cos, sin, slots, unit.spec["bucket"], mask)
+            out = unit.fn(x, cos, sin, slots, mask, kv_graph.k, kv_graph.v, *layer)
+            pairs = [(out, ref), (kv_graph.k, kv_eager.k), (kv_graph.v, kv_eager.v)]
     return max(((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-6)).item()
                for a, b in pairs)
 
@@ -212,9 +215,9 @@ class BucketGraph:
         self.width = attn.spec["tokens"]
         self.names = layer_tensor_names(tr.w.layers[0])
 
-    def _attn(self, x, L, k_cache, v_cache, cos, sin, slots, kv_len, attn_mask):
+    def _attn(self, x, L, kv, cos, sin, slots, kv_len, attn_mask):
         layer = [getattr(L, n) for n in self.names]
-        return self.attn.fn(x, cos, sin, slots, attn_mask, k_cache, v_cache, *layer)
+        return self.attn.fn(x, cos, sin, slots, attn_mask, kv.k, kv.v, *layer)
 
     def _mlp(self, x, L):
         return self.mlp.fn(x, *[getattr(L, n) for n in self.names])

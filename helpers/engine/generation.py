@@ -23,6 +23,7 @@ from ..planning import buckets as bk
 from ..planning.dtypes import amp_dtype
 from .config import ModelArgs, NeuronConfig, reject_unknown
 from .kernel_choice import use_cpu_kernels
+from .kv_cache import KVCache
 from .model import Comm, Transformer, build_mask
 from .quant import check_quant_config, quantize_model
 from .sampling import select_next_tokens, validate_input_ids, validate_sampling_args
@@ -68,7 +69,7 @@ class CausalLM:
     so far (there: the prompt, aws-neuron/transformers-neuronx#75).
     """
 
-    transformer_cls: type[Transformer] = Transformer  # seam: helpers.serving's per-row KV writes (SlotTransformer)
+    cache_cls: type[KVCache] = KVCache  # seam: helpers.serving's per-row KV writes (SlotKVCache)
     ARGS = ("batch_size", "n_positions", "tp_degree", "amp", "context_length_estimate",
             "neuron_config", "device", "nxdi_bucketing")
 
@@ -138,8 +139,8 @@ class CausalLM:
             raise ValueError(f"tp_degree={self.tp_degree}: tensor parallelism runs in "
                              "helpers.parallel.ParallelModel (one process per rank)")
         weights = move_weights(self._load_weights(), self.device)
-        self.model = select_kernels(self.transformer_cls(self.args, weights, Comm(), self.batch_size, self.n_positions,
-                                                         self.device, self.dtype),
+        self.model = select_kernels(Transformer(self.args, weights, Comm(), self.batch_size, self.n_positions,
+                                                self.device, self.dtype, self.cache_cls),
                                     self.neuron_config.quant, self._recorded_kernels())
         self.load_s = time.perf_counter() - t0
         self.graphs, self.build_report = self._build_graphs()

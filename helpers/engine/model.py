@@ -1,11 +1,13 @@
 """The model: one rank's forward pass over a fixed-shape KV cache, in plain PyTorch (gpt-fast style).
 
 ``Transformer`` holds one rank's weights (``helpers.engine.weights``: fused QKV and gate/up, as
-Neuron's ``fuse_qkv``), its KV cache (preallocated for the whole ``n_positions``) and a ``Comm`` for
-collectives (a no-op at tp=1). A layer is two blocks cut at the tensor-parallel all-reduces,
+Neuron's ``fuse_qkv``), its KV cache (``helpers.engine.kv_cache``, preallocated for the whole ``n_positions``)
+and a ``Comm`` for collectives (a no-op at tp=1). A layer is two blocks cut at the tensor-parallel all-reduces,
 ``attn_block`` and ``mlp_block``: the units ``helpers.artifacts`` compiles per bucket.
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +15,7 @@ from transformers import AutoConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .config import ModelArgs
+from .kv_cache import KVCache
 from .weights import LayerWeights, RankWeights
 
 
@@ -60,11 +63,12 @@ class Transformer:
     """One rank's forward pass over a fixed-shape KV cache.
 
     ``forward(tokens [B,T], rope_pos [B,T], slots [T], kv_len, mask [B,T,kv_len], logit_idx)``
-    writes this step's K/V at ``slots`` and attends over cache positions ``[0, kv_len)``.
+    writes this step's K/V at ``slots`` and attends over cache positions ``[0, kv_len)``. ``cache_cls``: the
+    kind of KV cache (``helpers.serving`` passes its own); :meth:`with_cache` is the same model over another.
     """
 
     def __init__(self, args: ModelArgs, w: RankWeights, comm: Comm, batch_size: int, n_positions: int,
-                 device: torch.device, dtype: torch.dtype):
+                 device: torch.device, dtype: torch.dtype, cache_cls: type[KVCache] = KVCache):
         self.args, self.w, self.comm = args, w, comm
         self.dtype, self.device = dtype, device
         self.linear = F.linear  # seam: CPU kernels (helpers.engine.kernels), int8 storage (helpers.engine.quant)
@@ -77,12 +81,21 @@ class Transformer:
         self.sin = (emb.sin() * scale).to(device=device, dtype=dtype)
         half = args.head_dim // 2
         self.sin_signed = torch.cat((-self.sin[:, :half], self.sin[:, half:]), dim=-1)
-        shape = (args.n_layers, batch_size, w.n_kv, n_positions, args.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
-        self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.cache = cache_cls.zeros((args.n_layers, batch_size, w.n_kv, n_positions, args.head_dim), dtype, device)
+
+    def with_cache(self, cache: KVCache) -> "Transformer":
+        """This model (same weights, kernels and RoPE tables, shared) over ``cache``."""
+        out = copy.copy(self)
+        out.cache = cache
+        return out
+
+    @property
+    def max_positions(self) -> int:
+        """The positions its RoPE tables cover (``n_positions``)."""
+        return self.cos.shape[0]
 
     def kv_cache_bytes(self) -> int:
-        return 2 * self.k_cache.numel() * self.k_cache.element_size()
+        return self.cache.nbytes
 
     def qkv(self, L: LayerWeights, h):
         """Column-parallel fused projection -> q, k, v, each [B, T, heads * head_dim] of this rank.
@@ -91,36 +104,27 @@ class Transformer:
         qkv = self.linear(h, L.wqkv, L.bqkv)
         return qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
 
-    def attention(self, q, k, v, k_cache, v_cache, cos, sin, slots, kv_len: int, attn_mask):
-        """RoPE (``cos``/``sin`` [B, T, 1, D], ``sin`` sign-folded, see ``apply_rope``), write K/V at ``slots``
-        of the layer's cache (``k_cache``/``v_cache`` [B, kv_heads, n_positions, D]), attend over
-        [0, kv_len) -> [B, T, n_q * head_dim]. Seam: ``helpers.parallel`` exchanges rows and heads around it
-        (SHARD_OVER_BATCH)."""
+    def attention(self, q, k, v, kv: KVCache, cos, sin, slots, kv_len: int, attn_mask):
+        """RoPE (``cos``/``sin`` [B, T, 1, D], ``sin`` sign-folded, see ``apply_rope``), write K/V at ``slots`` of
+        the layer's cache ``kv`` (``kv.update``), attend over [0, kv_len) -> [B, T, n_q * head_dim] (GQA mapping of
+        this rank's layout). Seam: ``helpers.parallel`` exchanges rows and heads around it (SHARD_OVER_BATCH)."""
         B, T, _ = q.shape
         D = self.args.head_dim
         q = apply_rope(q.reshape(B, T, -1, D), cos, sin).transpose(1, 2)
         k = apply_rope(k.reshape(B, T, -1, D), cos, sin).transpose(1, 2)
-        v = v.reshape(B, T, -1, D).transpose(1, 2)
-        k_cache.index_copy_(2, slots, k)
-        v_cache.index_copy_(2, slots, v)
-        return self.attend(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], attn_mask)
-
-    def attend(self, q, k, v, attn_mask):
-        """Scaled-dot-product attention of ``q`` [B, n_q, T, D] over ``k``/``v`` [B, kv_heads, S, D] (GQA mapping
-        of this rank's layout) -> [B, T, n_q * head_dim]. Seam: ``helpers.serving`` writes K/V per row first."""
-        B, _, T, _ = q.shape
+        k, v = kv.update(slots, k, v.reshape(B, T, -1, D).transpose(1, 2), kv_len)
         if self.w.kv_group is not None:  # arbitrary q->kv mapping (padded / replicated layouts)
             o = F.scaled_dot_product_attention(q, k[:, self.w.kv_group], v[:, self.w.kv_group], attn_mask=attn_mask)
         else:
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=self.w.n_q != self.w.n_kv)
         return o.transpose(1, 2).reshape(B, T, -1)
 
-    def attn_block(self, x, L: LayerWeights, k_cache, v_cache, cos, sin, slots, kv_len: int, attn_mask):
+    def attn_block(self, x, L: LayerWeights, kv: KVCache, cos, sin, slots, kv_len: int, attn_mask):
         """One layer's attention from its input norm to o_proj, up to the all-reduce (one compiled graph
         per bucket in helpers.artifacts)."""
         h = rms_norm(x, L.ln1, self.args.rms_norm_eps)
         q, k, v = self.qkv(L, h)
-        return self.linear(self.attention(q, k, v, k_cache, v_cache, cos, sin, slots, kv_len, attn_mask), L.wo)
+        return self.linear(self.attention(q, k, v, kv, cos, sin, slots, kv_len, attn_mask), L.wo)
 
     def mlp_block(self, x, L: LayerWeights):
         """One layer's gated MLP up to its all-reduce."""
@@ -141,7 +145,7 @@ class Transformer:
         sin = self.sin_signed[rope_pos].unsqueeze(2)
         attn_mask = mask.unsqueeze(1)
         for i, L in enumerate(w.layers):
-            o = self.comm.all_reduce(attn(x, L, self.k_cache[i], self.v_cache[i], cos, sin, slots, kv_len, attn_mask))
+            o = self.comm.all_reduce(attn(x, L, self.cache.layer(i), cos, sin, slots, kv_len, attn_mask))
             x = x + o if L.bo is None else x + o + L.bo
             x = x + self.comm.all_reduce(mlp(x, L))
         if logit_idx is not None:

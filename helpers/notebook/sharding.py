@@ -29,7 +29,7 @@ def rank_memory(model) -> list[dict]:
     m = model.model
     layout = m.w.extra.get("layout")  # set when a GQA strategy was requested (helpers.parallel.shard_state_tp)
     return [{"rank": 0, "weight_bytes": model.weight_bytes, "weights": weight_breakdown(m.w),
-             "kv_bytes": model.kv_cache_bytes, "kv_cache_shape": list(m.k_cache.shape),
+             "kv_bytes": model.kv_cache_bytes, "kv_cache_shape": list(m.cache.k.shape),
              "q_heads": list(layout.q_heads[0]) if layout else list(range(model.args.n_heads)),
              "kv_heads": list(layout.kv_heads[0]) if layout else list(range(model.args.n_kv_heads))}]
 

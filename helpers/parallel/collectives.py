@@ -57,12 +57,12 @@ class ParallelTransformer(Transformer):
             v = self.comm.all_gather(v, dim=-1, group=self.comm.kv_group)
         return q, k, v
 
-    def attention(self, q, k, v, k_cache, v_cache, cos, sin, slots, kv_len, attn_mask):
+    def attention(self, q, k, v, kv, cos, sin, slots, kv_len, attn_mask):
         if self.layout.kv_mode != "batch":
-            return super().attention(q, k, v, k_cache, v_cache, cos, sin, slots, kv_len, attn_mask)
+            return super().attention(q, k, v, kv, cos, sin, slots, kv_len, attn_mask)
         # all batch rows x this rank's columns -> this rank's rows x all heads; attend; and back
         q, k, v = (self.comm.all_to_all(t, split_dim=0, concat_dim=-1) for t in (q, k, v))
         b = q.shape[0]
         rows = slice(self.rank * b, (self.rank + 1) * b)
-        o = super().attention(q, k, v, k_cache, v_cache, cos[rows], sin[rows], slots, kv_len, attn_mask[rows])
+        o = super().attention(q, k, v, kv, cos[rows], sin[rows], slots, kv_len, attn_mask[rows])
         return self.comm.all_to_all(o, split_dim=-1, concat_dim=0)

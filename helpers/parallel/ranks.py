@@ -94,7 +94,7 @@ class _RankServer:
             self.model, g["kinds"], spec["batch_size"], g["mode"], g["load_dir"], g["fields"], self.rank)
         parts = weight_breakdown(w)
         return {"rank": self.rank, "weight_bytes": sum(parts.values()), "weights": parts,
-                "kv_bytes": self.model.kv_cache_bytes(), "kv_cache_shape": list(self.model.k_cache.shape),
+                "kv_bytes": self.model.kv_cache_bytes(), "kv_cache_shape": list(self.model.cache.k.shape),
                 "q_heads": list(layout.q_heads[self.rank]), "kv_heads": list(layout.kv_heads[self.rank]),
                 "kv_mode": layout.kv_mode, "threads": torch.get_num_threads(), "build_s": time.perf_counter() - t0,
                 "weights_s": weights_s, "build_report": self.build_report, "device": str(device)}

@@ -1,11 +1,12 @@
 """Prefix caching on the reference engine: a block KV cache, prefill of the uncached suffix only, then decode.
 
-``PagedTransformer`` is the engine's ``Transformer`` (same weights, kernels and RoPE tables) over a block KV cache:
-one pool of ``num_blocks * block_size`` physical slots per layer instead of one row per sequence. Its attention does
+``paged_model`` is the engine's ``Transformer`` (same weights, kernels, RoPE tables and attention) over a block KV
+cache (``BlockKVCache``): one pool of ``num_blocks * block_size`` physical slots per layer instead of one row per
+sequence. Its cache does
 what NxD Inference 0.8 does with ``is_prefix_caching`` ("first gathering the block KV cache using the block table,
 then converting it to a flat KV cache layout, computing attention, and finally scattering the computed cache back
-to the block KV cache layout", the NxDI guide; ``modules/kvcache/block_kv_cache_manager.py``): gather the sequence's
-slots into a flat cache, run the engine's own attention on it, scatter the new positions back.
+to the block KV cache layout", the NxDI guide; ``modules/kvcache/block_kv_cache_manager.py``): write the new
+positions to their blocks, gather the sequence's slots into a flat cache, and the engine's own attention runs on it.
 
 ``PrefixCachingEngine`` serves prompts one at a time with ``helpers.serving.blocks.BlockPool`` doing the bookkeeping
 (block tables, hashes, reuse, eviction): a prompt whose first full blocks are cached computes only the rest,
@@ -21,51 +22,47 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..engine.kv_cache import KVCache
 from ..engine.model import Transformer, build_mask
 from ..planning.buckets import nxdi_prefix_caching_select
 from ..planning.memory import plan
 from .blocks import BlockPool, SequenceBlocks, slot_mapping
 
 
-class PagedTransformer(Transformer):
-    """The base model's forward over a block KV cache ``[layers, 1, kv_heads, num_blocks * block_size, head_dim]``.
+class BlockKVCache(KVCache):
+    """A block KV cache ``[layers, 1, kv_heads, num_blocks * block_size, head_dim]``: one pool of physical slots.
 
     Before each forward, set ``gather`` to the physical slots of logical positions ``[0, kv_len)`` of the sequence
-    (``slot_mapping`` of its block table); ``forward``'s ``slots`` are then logical positions, as in the base."""
+    (``slot_mapping`` of its block table); the model's ``slots`` are then logical positions, as in the base."""
 
-    def __init__(self, base: Transformer, num_blocks: int, block_size: int):
-        # Shares the base's weights, kernels and RoPE tables; Transformer.__init__ is not called (it would allocate
-        # a per-sequence cache).
-        self.args, self.w, self.comm, self.linear = base.args, base.w, base.comm, base.linear
-        self.dtype, self.device = base.dtype, base.device
-        self.cos, self.sin, self.sin_signed = base.cos, base.sin, base.sin_signed
-        self.num_blocks, self.block_size = int(num_blocks), int(block_size)
-        shape = (base.args.n_layers, 1, base.w.n_kv, self.num_blocks * self.block_size, base.args.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=base.dtype, device=base.device)
-        self.v_cache = torch.zeros(shape, dtype=base.dtype, device=base.device)
+    def __init__(self, k, v, block_size: int):
+        super().__init__(k, v)
+        self.block_size = int(block_size)
+        self.num_blocks = k.shape[-2] // self.block_size
         self.gather: torch.Tensor | None = None
 
-    @property
-    def max_positions(self) -> int:
-        return self.cos.shape[0]
-
-    def attention(self, q, k, v, k_cache, v_cache, cos, sin, slots, kv_len: int, attn_mask):
+    def update(self, slots, k, v, kv_len: int):
         phys = self.gather[:kv_len]
-        flat_k, flat_v = k_cache[:, :, phys], v_cache[:, :, phys]  # gather: the flat layout of this sequence
-        o = super().attention(q, k, v, flat_k, flat_v, cos, sin, slots, kv_len, attn_mask)
-        k_cache[:, :, phys[slots]] = flat_k[:, :, slots]  # scatter the new positions back to their blocks
-        v_cache[:, :, phys[slots]] = flat_v[:, :, slots]
-        return o
+        self.k[:, :, phys[slots]] = k  # scatter the new positions to their blocks
+        self.v[:, :, phys[slots]] = v
+        return self.k[:, :, phys], self.v[:, :, phys]  # gather: the flat layout of this sequence
+
+
+def paged_model(base: Transformer, num_blocks: int, block_size: int) -> Transformer:
+    """``base`` (its weights, kernels and RoPE tables, shared) over a new :class:`BlockKVCache` of ``num_blocks``
+    blocks of ``block_size`` positions."""
+    shape = (base.args.n_layers, 1, base.w.n_kv, int(num_blocks) * int(block_size), base.args.head_dim)
+    return base.with_cache(BlockKVCache.zeros(shape, base.dtype, base.device, block_size=block_size))
 
 
 @torch.inference_mode()
-def paged_forward(tr: PagedTransformer, token_ids: Sequence[int], start: int, slots: Sequence[int]) -> torch.Tensor:
+def paged_forward(tr: Transformer, token_ids: Sequence[int], start: int, slots: Sequence[int]) -> torch.Tensor:
     """Encode ``token_ids`` at positions ``start, start + 1, ...`` of one sequence whose positions ``[0, end)`` live
     at the physical ``slots`` (its slot mapping; ``[0, start)`` already written); logits [1, V] of the last one."""
     dev, end = tr.device, start + len(token_ids)
     if len(slots) != end:
         raise ValueError(f"{len(slots)} slots for positions [0, {end})")
-    tr.gather = torch.as_tensor(list(slots), dtype=torch.long, device=dev)
+    tr.cache.gather = torch.as_tensor(list(slots), dtype=torch.long, device=dev)
     pos = torch.arange(start, end, device=dev)
     mask = build_mask(pos, torch.zeros(1, dtype=torch.long, device=dev), end, tr.args.sliding_window)
     idx = torch.full((1, 1), end - start - 1, device=dev)
@@ -94,7 +91,7 @@ class PrefixCachingEngine:
         if not isinstance(tr, Transformer) or getattr(model, "tp_degree", 1) != 1:
             raise ValueError("PrefixCachingEngine runs on a built reference model at tp_degree=1 "
                              "(helpers.build_model(bk, ..., tp_degree=1) with backend 'reference')")
-        self.tr = PagedTransformer(tr, num_blocks, block_size)
+        self.tr = paged_model(tr, num_blocks, block_size)
         self.pool = BlockPool(num_blocks, block_size, enable_caching)
         self.block_size = int(block_size)
 
@@ -102,7 +99,7 @@ class PrefixCachingEngine:
     def kv_bytes_per_block(self) -> int:
         """Bytes one block holds: K and V of ``block_size`` positions, every layer, this rank's KV heads (read off the
         block cache this engine allocated)."""
-        return (self.tr.k_cache.nbytes + self.tr.v_cache.nbytes) // self.tr.num_blocks
+        return self.tr.cache.nbytes // self.tr.cache.num_blocks
 
     def _sync(self):
         if self.tr.device.type == "cuda":
@@ -161,10 +158,10 @@ def decode_step_times(model, context_len: int, steps: int, num_blocks: int, bloc
         raise ValueError("decode_step_times runs on a built reference model at tp_degree=1")
     end = int(context_len) + 1
     need = -(-end // int(block_size))
-    if end > tr.cos.shape[0] or need > int(num_blocks) or int(steps) < 1:
+    if end > tr.max_positions or need > int(num_blocks) or int(steps) < 1:
         raise ValueError(f"context_len={context_len}, steps={steps}: need 1 <= steps, context_len + 1 <= the model's "
                          f"positions and <= num_blocks * block_size")
-    paged = PagedTransformer(tr, num_blocks, block_size)
+    paged = paged_model(tr, num_blocks, block_size)
     table = list(range(int(num_blocks) - 1, int(num_blocks) - 1 - need, -1))
     slots = slot_mapping(table, 0, end, int(block_size))
     dev = tr.device

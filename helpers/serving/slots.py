@@ -14,10 +14,10 @@ ctx_batch_size=1, tkg_batch_size=n, max_batch_size=n)``, pinned 0.8 source at cd
   the sequence dimension in the same file), a per-row attention mask;
 - a finished request frees its row at once; the next request's context encoding overwrites it.
 
-``SlotTransformer`` is ``helpers.engine.model.Transformer`` with per-row K/V writes: its ``attention`` takes
-``RowSlots`` (cache rows + per-row positions) where the engine passes one shared slot range. ``SlotModel``
-is ``helpers.engine.generation.CausalLM`` built with it (same weights, kernels, buckets and graphs per bucket),
-plus ``prefill(slot, prompt)`` and ``decode(tokens)``.
+``SlotKVCache`` is ``helpers.engine.kv_cache.KVCache`` with per-row K/V writes: its ``update`` takes ``RowSlots``
+(cache rows + per-row positions) where the engine passes one shared slot range. ``SlotModel`` is
+``helpers.engine.generation.CausalLM`` built over it (same weights, kernels, attention, buckets and graphs per
+bucket), plus ``prefill(slot, prompt)`` and ``decode(tokens)``.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from ..engine.generation import CausalLM
-from ..engine.model import Transformer, apply_rope
+from ..engine.kv_cache import KVCache
 from ..engine.sampling import validate_input_ids
 
 
@@ -37,25 +37,19 @@ class RowSlots(NamedTuple):
     all_rows: bool  # rows == 0..n_slots-1 in order: attend over the cache itself (no gather)
 
 
-class SlotTransformer(Transformer):
-    """``Transformer`` whose K/V writes go to per-row cache rows and positions when ``slots`` is ``RowSlots``
-    (otherwise exactly the engine's shared-slot path)."""
+class SlotKVCache(KVCache):
+    """The engine's KV cache with one row per slot: when ``slots`` is ``RowSlots`` the K/V of each call's row go to
+    its own cache row and positions (otherwise exactly the engine's shared-slot write)."""
 
-    def attention(self, q, k, v, k_cache, v_cache, cos, sin, slots, kv_len: int, attn_mask):
+    def update(self, slots, k, v, kv_len: int):
         if not isinstance(slots, RowSlots):
-            return super().attention(q, k, v, k_cache, v_cache, cos, sin, slots, kv_len, attn_mask)
-        B, T, _ = q.shape
-        D = self.args.head_dim
-        q = apply_rope(q.reshape(B, T, -1, D), cos, sin).transpose(1, 2)
-        k = apply_rope(k.reshape(B, T, -1, D), cos, sin)  # [B, T, kv, D]: the layout of k_cache[r, :, pos]
+            return super().update(slots, k, v, kv_len)
         rows = slots.rows[:, None]
-        k_cache[rows, :, slots.pos] = k
-        v_cache[rows, :, slots.pos] = v.reshape(B, T, -1, D)
+        self.k[rows, :, slots.pos] = k.transpose(1, 2)  # [B, T, kv, D]: the layout of k[r, :, pos]
+        self.v[rows, :, slots.pos] = v.transpose(1, 2)
         if slots.all_rows:
-            kc, vc = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]
-        else:
-            kc, vc = k_cache[slots.rows, :, :kv_len], v_cache[slots.rows, :, :kv_len]
-        return self.attend(q, kc, vc, attn_mask)
+            return self.k[:, :, :kv_len], self.v[:, :, :kv_len]
+        return self.k[slots.rows, :, :kv_len], self.v[slots.rows, :, :kv_len]
 
 
 class SlotModel(CausalLM):
@@ -67,7 +61,7 @@ class SlotModel(CausalLM):
     ``sample()`` and ``forward()`` still work as on ``CausalLM`` (all rows together).
     """
 
-    transformer_cls = SlotTransformer
+    cache_cls = SlotKVCache
 
     @property
     def n_slots(self) -> int:
