@@ -40,6 +40,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +50,8 @@ import helpers  # noqa: E402
 from helpers.engine import kernel_choice  # noqa: E402
 from helpers.engine import kernels as engine_kernels  # noqa: E402
 from helpers.engine import stream as engine_stream  # noqa: E402
+from helpers.engine import model as engine_model  # noqa: E402
+from helpers.engine.model import linear  # noqa: E402
 from helpers.engine.timing import step_seconds  # noqa: E402
 from helpers.planning.dtypes import amp_dtype  # noqa: E402
 
@@ -153,7 +156,7 @@ def make_prompt(tokenizer, n_tokens: int, batch: int) -> torch.Tensor:
 def streamed_bytes(model) -> int:
     """Weight bytes a decode step reads: all of them, except an untied embedding table (gathered)."""
     w = model.model.w
-    return model.weight_bytes - (0 if w.lm_head is w.embed else w.embed.nbytes)
+    return model.weight_bytes - (0 if w.tied else w.embed.nbytes)
 
 
 def kv_bytes_per_step(args, dtype, batch: int, positions: float) -> float:
@@ -275,15 +278,14 @@ def profile_engine(m, ids, P: int, N: int, rows: int = 12) -> dict:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     steps = N - 1
-    tr = m._require_built()
-    linear = tr.linear
+    m._require_built()
 
     def labelled(x, w, b=None):
         with record_function(LINEAR_EVENT):
             return linear(x, w, b)
 
-    tr.linear = labelled
-    try:
+    # the model's linear, looked up in its module at each call: labelled for this profile only
+    with mock.patch.object(engine_model, "linear", labelled):
         with torch.inference_mode():
             tok = m.forward(ids).argmax(-1, keepdim=True)
             with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -291,8 +293,6 @@ def profile_engine(m, ids, P: int, N: int, rows: int = 12) -> dict:
                 for pos in range(P, P + steps):
                     tok = m.forward(tok, cache_ids=torch.tensor([pos])).argmax(-1, keepdim=True)
                 wall = time.perf_counter() - t
-    finally:
-        tr.linear = linear
     ev = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in ev)
     print(ev.table(sort_by="self_cpu_time_total", row_limit=rows))
@@ -308,7 +308,7 @@ def matmul_pause_cost(m, batch: int, pause_us: float = 10.0, repeats: int = 5) -
     back to back, then with a busy-wait of ``pause_us`` between matmuls (as the other ops of a step
     sit between them). ``extra_us`` = what each pause costs beyond its own length."""
     tr = m._require_built()
-    weights = engine_kernels.decode_matrices(tr.w)
+    weights = tr.w.matrices()
     xs = {k: torch.randn(batch, k, dtype=tr.dtype, device=tr.device) for k in {t.shape[1] for t in weights}}
 
     def busy():
@@ -316,7 +316,7 @@ def matmul_pause_cost(m, batch: int, pause_us: float = 10.0, repeats: int = 5) -
         while time.perf_counter() < end:
             pass
 
-    passes = lambda pause: engine_kernels.matmul_pass_seconds(tr.linear, weights, xs, repeats, pause)  # noqa: E731
+    passes = lambda pause: engine_kernels.matmul_pass_seconds(linear, weights, xs, repeats, pause)  # noqa: E731
     with torch.inference_mode():
         passes(None)  # warm-up
         plain, paused = passes(None), passes(busy)

@@ -106,16 +106,17 @@ def test_column_major_layout_keeps_values_and_shapes():
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("rows", [(1, 1), (1, 5), (4, 1), (2, 64)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_cpu_linear_is_f_linear(threads, rows, bias, kernel, monkeypatch):
-    """The engine's f32 CPU linear (every one-row kernel; stream, the packed copy, oneDNN or MKL for several
-    rows) computes F.linear, for every thread count, row count and bias; weights it does not handle
-    (row-major, bf16) go to F.linear itself."""
-    from helpers.engine.kernels import MATMUL_ENV, column_major, cpu_linear, kernel_available, pack_weights, packed_weight
+def test_cpu_weight_linear_is_f_linear(threads, rows, bias, kernel):
+    """The engine's f32 CPU weight (every one-row kernel; stream, the packed copy, oneDNN or MKL for several rows)
+    computes F.linear, for every thread count, row count and bias; the model's linear runs a plain tensor (bf16,
+    or any weight without kernels) by F.linear itself."""
+    from helpers.engine.kernels import CpuWeight, column_major, kernel_available
+    from helpers.engine.model import linear
 
     if not kernel_available(kernel):
         pytest.skip(f"{kernel} is not available here")
-    monkeypatch.setenv(MATMUL_ENV["one_row"], kernel)
-    monkeypatch.setenv(MATMUL_ENV["rows"], "onednn" if kernel == "split-k" else kernel)
+    several = "onednn" if kernel == "split-k" else kernel
+    kernels = {"one_row": kernel, "rows": several, "prefill": several}
     g = torch.Generator().manual_seed(sum(rows) + threads)
     w = torch.randn(160, 96, generator=g)  # 96 = 2 x 48 = 3 x 32; 160 out columns = 10 stream blocks
     b = torch.randn(160, generator=g) if bias else None
@@ -124,21 +125,21 @@ def test_cpu_linear_is_f_linear(threads, rows, bias, kernel, monkeypatch):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        wc = column_major(w)
-        if kernel in ("stream", "packed"):
-            assert pack_weights([wc], kernel) == 160 * 96 * 4 and packed_weight(wc, kernel) is not None
-        got = cpu_linear(x, wc, b)
+        cw = CpuWeight.build(w, kernels)
+        assert cw.dense.t().is_contiguous() and torch.equal(cw.dense, w)
+        assert set(cw.copies) == ({kernel} if kernel in ("stream", "packed") else set())
+        got = linear(x, cw, b)
         assert got.shape == want.shape and torch.allclose(got, want, atol=1e-4, rtol=1e-4)
-        assert torch.equal(cpu_linear(x, w, b), torch.nn.functional.linear(x, w, b))  # same threads
+        assert torch.equal(linear(x, w, b), torch.nn.functional.linear(x, w, b))  # same threads
         xb, wb = x.bfloat16(), column_major(w.bfloat16())
-        assert torch.equal(cpu_linear(xb, wb), torch.nn.functional.linear(xb, wb))
+        assert torch.equal(linear(xb, wb), torch.nn.functional.linear(xb, wb))
     finally:
         torch.set_num_threads(before)
 
 
 def test_time_matmuls_times_every_candidate_of_each_family(monkeypatch):
     """time_matmuls times every available candidate of each family (one row, a few rows, prefill) on weights with
-    their copies, and cpu_linear runs any of them as F.linear; $NEURON_NB_GEMV / $NEURON_NB_GEMM /
+    their copies, and a CpuWeight runs any of them as F.linear; $NEURON_NB_GEMV / $NEURON_NB_GEMM /
     $NEURON_NB_PREFILL force a kernel ($NEURON_NB_GEMM prefill too) and an unknown one is refused by name."""
     import helpers.engine.kernels as E
 
@@ -147,9 +148,7 @@ def test_time_matmuls_times_every_candidate_of_each_family(monkeypatch):
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        ws = [E.column_major(torch.randn(256, 128)) for _ in range(3)]
-        for kind in E.COPIES:
-            E.pack_weights(ws, kind)
+        ws = [E.CpuWeight.build(torch.randn(256, 128), {}, E.COPIES) for _ in range(3)]
         t = E.time_matmuls({case: ws for case in E.MATMUL_KERNELS}, repeats=1)
         stream = {"stream"} if E.kernel_available("stream") else set()
         assert set(t["one_row"]["ms"]) == {"split-k", "packed", "mkl"} | stream
@@ -158,10 +157,10 @@ def test_time_matmuls_times_every_candidate_of_each_family(monkeypatch):
             # the fastest by the unrounded timing; "ms" is rounded to 0.01, so compare its value (two can tie there)
             assert t[case]["ms"][t[case]["kernel"]] == min(t[case]["ms"].values()) and set(t[case]["ms"]) <= set(kernels)
             for kernel in filter(E.kernel_available, kernels):
-                chosen = dict(E.default_kernels(), **{case: kernel})
+                chosen = E.CpuWeight(ws[0].dense, dict(E.default_kernels(), **{case: kernel}), ws[0].copies)
                 x = torch.randn({"one_row": 1, "rows": 5, "prefill": E.FEW_ROWS + 3}[case], 128)
                 assert E.family(x.shape[0]) == case
-                assert torch.allclose(E.CpuLinear(chosen)(x, ws[0]), x @ ws[0].t(), atol=1e-3)
+                assert torch.allclose(chosen.linear(x), x @ ws[0].dense.t(), atol=1e-3)
         monkeypatch.setenv("NEURON_NB_GEMM", "mkl")
         assert E.forced_kernel("rows") == E.forced_kernel("prefill") == "mkl"
         monkeypatch.setenv("NEURON_NB_PREFILL", "onednn")
@@ -173,61 +172,60 @@ def test_time_matmuls_times_every_candidate_of_each_family(monkeypatch):
         torch.set_num_threads(before)
 
 
-def test_cpu_linear_serves_the_f32_cpu_engine_only():
+def test_cpu_weights_serve_the_f32_cpu_engine_only():
     from helpers.engine.kernel_choice import planned_kernels
-    from helpers.engine.kernels import COPIES, CpuLinear, decode_matrices, packed_weight
+    from helpers.engine.kernels import COPIES, CpuWeight
 
     m = helpers.NeuronModel(None, batch_size=1, n_positions=128).to_neuron()
-    assert isinstance(m.model.linear, CpuLinear) and m.model.w.layers[0].w2.t().is_contiguous()
-    assert m.model.linear.kernels == m.model.matmul_kernels == planned_kernels()
+    ws = m.model.w.matrices()
+    assert m.model.matmul_kernels == planned_kernels() and m.model.w.layers[0].w2.dense.t().is_contiguous()
+    assert all(isinstance(w, CpuWeight) and w.kernels == m.model.matmul_kernels for w in ws)
     for kind in COPIES:  # a kernel's copies only where a family runs that kernel
-        kept = [packed_weight(t, kind) is not None for t in decode_matrices(m.model.w)]
+        kept = [kind in w.copies for w in ws]
         assert all(kept) if kind in m.model.matmul_kernels.values() else not any(kept)
     m16 = helpers.NeuronModel(None, batch_size=1, n_positions=128, amp="bf16").to_neuron()
-    assert m16.model.linear is torch.nn.functional.linear and m16.model.matmul_kernels is None
-    assert not any(packed_weight(t, kind) is not None for t in decode_matrices(m16.model.w) for kind in COPIES)
+    assert m16.model.matmul_kernels is None and all(isinstance(w, torch.Tensor) for w in m16.model.w.matrices())
 
 
-def test_packed_copies_live_and_die_with_their_weight(monkeypatch):
-    """A blocked copy is found only for the very tensor it was made from (not an equal one, not a view),
-    is dropped by unpack_weights or when the weight is freed, and a missing copy falls back to oneDNN's
-    linear on the weight itself (what a traced graph input gets)."""
+def test_a_weight_owns_its_copies():
+    """A CpuWeight keeps the copies its kernels read and nothing else; they are freed with it; its traced form (a
+    graph input) has none and falls back to oneDNN's linear on the weight itself."""
     import gc
+    import weakref
 
     import helpers.engine.kernels as E
 
-    monkeypatch.setenv(E.MATMUL_ENV["rows"], "packed")
-    assert E.pack_weights([E.column_major(torch.randn(50, 32))], "stream") == 0  # 50 columns: no 16-column blocks
-    w = E.column_major(torch.randn(64, 32))
-    twin = w.clone()
-    assert E.pack_weights([w, w]) == 64 * 32 * 4  # once per tensor
-    assert E.packed_weight(w) is not None and E.packed_weight(twin) is None and E.packed_weight(w[:8]) is None
+    assert E.weight_copy(E.column_major(torch.randn(50, 32)), "stream") is None  # 50 columns: no 16-column blocks
+    if not E.kernel_available("packed"):
+        pytest.skip("no oneDNN here")
+    w = E.CpuWeight.build(torch.randn(64, 32), {"one_row": "mkl", "rows": "packed", "prefill": "packed"})
+    assert set(w.copies) == {"packed"} and w.nbytes == 64 * 32 * 4
     x = torch.randn(3, 32)
-    assert torch.allclose(E.cpu_linear(x, w), E.cpu_linear(x, twin), atol=1e-5)  # twin: no copy, oneDNN's linear
-    E.unpack_weights([w])
-    assert E.packed_weight(w) is None
-    E.pack_weights([w])
-    key = id(w)
-    del w
+    traced = w.traced(w.dense)
+    assert traced.copies == {} and traced.kernels == w.kernels
+    assert torch.allclose(w.linear(x), traced.linear(x), atol=1e-5)
+    copy = weakref.ref(w.copies["packed"])
+    del w, traced
     gc.collect()
-    assert key not in E._copies["packed"]
+    assert copy() is None
 
 
-def test_copies_follow_the_models_kernels():
+def test_copies_follow_the_models_kernels(monkeypatch):
     """A model keeps only the copies its own kernels read ("stream", "packed") and records its kernels."""
     import helpers.engine.kernels as E
+    from helpers.engine.kernel_choice import use_cpu_kernels
 
+    for env in E.MATMUL_ENV.values():
+        monkeypatch.delenv(env, raising=False)
     for kernels, copies in (({"one_row": "split-k", "rows": "onednn", "prefill": "mkl"}, set()),
                             ({"one_row": "mkl", "rows": "packed", "prefill": "onednn"}, {"packed"}),
                             ({"one_row": "stream", "rows": "packed", "prefill": "packed"}, {"packed", "stream"})):
         if not all(E.kernel_available(k) for k in kernels.values()):
             continue
-        tr = _tiny_transformer()
-        E.use_kernels(tr, kernels)
-        assert tr.matmul_kernels == kernels and tr.linear.kernels == kernels
-        for kind in E.COPIES:
-            kept = [E.packed_weight(t, kind) is not None for t in E.decode_matrices(tr.w)]
-            assert all(kept) if kind in copies else not any(kept), (kernels, kind)
+        tr = use_cpu_kernels(_tiny_transformer(), recorded=kernels)
+        assert tr.matmul_kernels == kernels and tr.w.tied == (tr.w.embed is tr.w.lm_head.dense)
+        for w in tr.w.matrices():
+            assert w.kernels == kernels and set(w.copies) == copies, (kernels, w)
 
 
 def _tiny_transformer():

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import helpers
-from helpers.engine.quant import (QuantizationConfig, dequant_linear, quantize_tensor, quantized_weight_bytes,
+from helpers.engine.model import linear
+from helpers.engine.quant import (QuantizationConfig, quantize_tensor, quantized_weight_bytes,
                            save_quantized_state_dict)
 from tiny_models import write_tiny
 
@@ -21,14 +22,14 @@ def test_int8_round_trip_error_is_at_most_half_a_step(method):
         assert (q.abs().amax(1) == 127).all()
 
 
-def test_dequant_linear_matches_dense_product():
+def test_int8_weight_linear_matches_dense_product():
     w = torch.randn(48, 16)
     cfg = QuantizationConfig(dequant_dtype="f32")
     from helpers.engine.quant import QuantWeight
     q, s = quantize_tensor(w, cfg)
     qw = QuantWeight(q, s, torch.float32)
     x = torch.randn(3, 16)
-    assert torch.allclose(dequant_linear(x, qw), x @ qw.dequantize().T, atol=1e-4)
+    assert torch.allclose(linear(x, qw), x @ qw.dequantize().T, atol=1e-4)  # the model's linear runs its own kernel
 
 
 def test_refusals(tmp_path):

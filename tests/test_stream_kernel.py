@@ -66,9 +66,9 @@ def test_without_a_compiler_it_says_why_and_is_left_out(tmp_path, monkeypatch):
         monkeypatch.delenv(env, raising=False)
     assert stream.load() is None and "no-such-cc" in stream.unavailable_reason()
     assert not E.kernel_available("stream") and "stream" not in E.default_kernels().values()
-    assert not any("stream" in E.candidates(case, [E.column_major(torch.randn(32, 16))], 2) for case in E.MATMUL_KERNELS)
-    w = E.column_major(torch.randn(32, 16))
-    assert E.pack_weights([w], "stream") == 0 and E.packed_weight(w, "stream") is None
+    w = E.CpuWeight.build(torch.randn(32, 16), {}, E.COPIES)
+    assert not any("stream" in E.candidates(case, [w], 2) for case in E.MATMUL_KERNELS)
+    assert "stream" not in w.copies and E.weight_copy(w.dense, "stream") is None
     monkeypatch.setenv("NEURON_NB_GEMM", "stream")
     with pytest.raises(ValueError, match="NEURON_NB_GEMM='stream': that kernel is unavailable here .*no-such-cc"):
         E.forced_kernel("rows")

@@ -39,13 +39,12 @@ import os
 import time
 
 import torch
-import torch.nn.functional as F
 
 from ..engine.generation import graph_kinds
-from ..engine.kernels import CpuLinear, cpu_linear
+from ..engine.kernels import CpuWeight
 from ..engine.kv_cache import KVCache
 from ..engine.model import Transformer, build_mask
-from ..engine.weights import LayerWeights
+from ..engine.weights import LayerWeights, stored
 
 ARTIFACTS = ("export", "aoti")
 KINDS = ("context", "token")
@@ -61,42 +60,51 @@ class CorruptArtifactError(ValueError):
 
 # -- graph units ----------------------------------------------------------------------------------
 def layer_tensor_names(L: LayerWeights) -> list[str]:
-    """The tensors of one layer, by attribute name (dataclass fields first, then any added ones)."""
-    names = [f.name for f in dataclasses.fields(L) if torch.is_tensor(getattr(L, f.name))]
-    return names + sorted(k for k, v in vars(L).items() if torch.is_tensor(v) and k not in names)
+    """The tensors of one layer, by attribute name (dataclass fields first, then any added ones); a
+    :class:`CpuWeight` counts as its stored matrix."""
+    names = [f.name for f in dataclasses.fields(L) if torch.is_tensor(stored(getattr(L, f.name)))]
+    return names + sorted(k for k, v in vars(L).items() if torch.is_tensor(stored(v)) and k not in names)
 
 
-def layer_view(template: LayerWeights, names: list[str], tensors) -> LayerWeights:
+def layer_tensors(L: LayerWeights, names: list[str]) -> list[torch.Tensor]:
+    """The tensors of ``names`` (a graph's inputs for layer ``L``)."""
+    return [stored(getattr(L, n)) for n in names]
+
+
+def layer_view(template: LayerWeights, names: list[str], tensors, plain: bool = False) -> LayerWeights:
+    """``template`` over ``tensors`` (a graph's inputs): a :class:`CpuWeight` keeps its kernels (without copies),
+    or, ``plain``, becomes the tensor (``F.linear``)."""
     L = copy.copy(template)
     for n, t in zip(names, tensors):
-        setattr(L, n, t)
+        old = getattr(template, n)
+        setattr(L, n, old.traced(t) if isinstance(old, CpuWeight) and not plain else t)
     return L
 
 
 class AttnGraph(torch.nn.Module):
     """``(x, cos, sin, slots, attn_mask, k_cache, v_cache, *layer) -> attention output`` at a fixed shape."""
 
-    def __init__(self, tr: Transformer, kv_len: int):
+    def __init__(self, tr: Transformer, kv_len: int, plain: bool = False):
         super().__init__()
-        self.tr, self.kv_len = tr, kv_len
+        self.tr, self.kv_len, self.plain = tr, kv_len, plain
         self.template = tr.w.layers[0]
         self.names = layer_tensor_names(self.template)
 
     def forward(self, x, cos, sin, slots, attn_mask, k_cache, v_cache, *layer):
-        L = layer_view(self.template, self.names, layer)
+        L = layer_view(self.template, self.names, layer, self.plain)
         return self.tr.attn_block(x, L, KVCache(k_cache, v_cache), cos, sin, slots, self.kv_len, attn_mask)
 
 
 class MlpGraph(torch.nn.Module):
     """``(x, *layer) -> MLP output`` at a fixed shape."""
 
-    def __init__(self, tr: Transformer):
+    def __init__(self, tr: Transformer, plain: bool = False):
         super().__init__()
-        self.tr, self.template = tr, tr.w.layers[0]
+        self.tr, self.template, self.plain = tr, tr.w.layers[0], plain
         self.names = layer_tensor_names(self.template)
 
     def forward(self, x, *layer):
-        return self.tr.mlp_block(x, layer_view(self.template, self.names, layer))
+        return self.tr.mlp_block(x, layer_view(self.template, self.names, layer, self.plain))
 
 
 def unit_specs(kinds) -> dict[str, dict]:
@@ -119,7 +127,7 @@ def kinds_of(fields: dict) -> list[tuple]:
 def example_inputs(tr: Transformer, spec: dict, batch: int) -> tuple:
     T, dev = spec["tokens"], tr.device
     x = torch.zeros(batch, T, tr.args.hidden_size, dtype=tr.dtype, device=dev)
-    layer = tuple(getattr(tr.w.layers[0], n) for n in layer_tensor_names(tr.w.layers[0]))
+    layer = tuple(layer_tensors(tr.w.layers[0], layer_tensor_names(tr.w.layers[0])))
     if spec["part"] == "mlp":
         return (x, *layer)
     slots = torch.arange(T, device=dev)
@@ -131,14 +139,12 @@ def example_inputs(tr: Transformer, spec: dict, batch: int) -> tuple:
 
 
 def export_unit(tr: Transformer, spec: dict, batch: int, artifact: str = "export") -> torch.export.ExportedProgram:
-    if artifact == "aoti" and (tr.linear is cpu_linear or isinstance(tr.linear, CpuLinear)):
-        # AOTInductor graphs call F.linear (an MKL mm_out in the generated code). Not oneDNN's linear:
-        # its lowering accepts only constant (frozen) weights, and the graphs take weights as inputs.
-        # Not split-k: Inductor fuses its bmm + sum into a generated C++ loop that ran at half the
-        # speed (SmolLM2 decode 59 ms/token against 27 ms with F.linear).
-        tr = copy.copy(tr)
-        tr.linear = F.linear
-    mod = AttnGraph(tr, spec["bucket"]) if spec["part"] == "attn" else MlpGraph(tr)
+    # AOTInductor graphs call F.linear (an MKL mm_out in the generated code; ``plain``). Not oneDNN's linear:
+    # its lowering accepts only constant (frozen) weights, and the graphs take weights as inputs. Not split-k:
+    # Inductor fuses its bmm + sum into a generated C++ loop that ran slower than F.linear (ci/benchmark.py
+    # --compiled aoti). "export" graphs keep each CpuWeight's kernels (without their copies).
+    plain = artifact == "aoti"
+    mod = AttnGraph(tr, spec["bucket"], plain) if spec["part"] == "attn" else MlpGraph(tr, plain)
     return torch.export.export(mod, example_inputs(tr, spec, batch), strict=False)
 
 
@@ -176,7 +182,7 @@ def probe(tr: Transformer, unit: Unit, batch: int) -> float:
     args = example_inputs(tr, unit.spec, batch)
     x = torch.randn(args[0].shape, generator=g).to(args[0])
     L = tr.w.layers[-1]
-    layer = [getattr(L, n) for n in layer_tensor_names(L)]
+    layer = layer_tensors(L, layer_tensor_names(L))
     with torch.inference_mode():
         if unit.spec["part"] == "mlp":
             pairs = [(unit.fn(x, *layer), tr.mlp_block(x, L))]
@@ -216,11 +222,10 @@ class BucketGraph:
         self.names = layer_tensor_names(tr.w.layers[0])
 
     def _attn(self, x, L, kv, cos, sin, slots, kv_len, attn_mask):
-        layer = [getattr(L, n) for n in self.names]
-        return self.attn.fn(x, cos, sin, slots, attn_mask, kv.k, kv.v, *layer)
+        return self.attn.fn(x, cos, sin, slots, attn_mask, kv.k, kv.v, *layer_tensors(L, self.names))
 
     def _mlp(self, x, L):
-        return self.mlp.fn(x, *[getattr(L, n) for n in self.names])
+        return self.mlp.fn(x, *layer_tensors(L, self.names))
 
     def __call__(self, tokens, rope_pos, slots, kv_len, mask, logit_idx=None):
         if tuple(tokens.shape) != (self.batch, self.width) or kv_len != self.bucket:

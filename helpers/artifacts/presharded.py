@@ -12,8 +12,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..engine.weights import LayerWeights, RankWeights
-from .graphs import ArtifactMismatchError, layer_tensor_names
+from ..engine.weights import LayerWeights, RankWeights, stored
+from .graphs import ArtifactMismatchError, layer_tensor_names, layer_tensors
 from .manifest import describe_differences
 
 
@@ -24,11 +24,12 @@ def rank_weight_tensors(w: RankWeights) -> dict[str, torch.Tensor]:
         v = getattr(w, f.name)
         if f.name == "layers":
             for i, L in enumerate(v):
-                out.update({f"layers.{i}.{n}": getattr(L, n) for n in layer_tensor_names(L)})
+                names = layer_tensor_names(L)
+                out.update({f"layers.{i}.{n}": t for n, t in zip(names, layer_tensors(L, names))})
         elif f.name == "extra":
             out.update({f"extra.{k}": t for k, t in v.items() if torch.is_tensor(t)})
-        elif torch.is_tensor(v):
-            out[f.name] = v
+        elif torch.is_tensor(stored(v)):
+            out[f.name] = stored(v)
     return out
 
 

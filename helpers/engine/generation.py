@@ -169,10 +169,10 @@ class CausalLM:
     @property
     def weight_bytes(self) -> int:
         w = self._require_built().w
-        ts = [w.embed, w.norm] + ([] if w.lm_head is w.embed else [w.lm_head])
+        ts = [w.embed, w.norm] + ([] if w.tied else [w.lm_head])
         for L in w.layers:
             ts += [t for t in (L.wqkv, L.wo, L.w13, L.w2, L.ln1, L.ln2, L.bqkv, L.bo) if t is not None]
-        total = sum(t.nbytes for t in ts)  # int8 storage: helpers.engine.quant.QuantWeight.nbytes (values + scales)
+        total = sum(t.nbytes for t in ts)  # CpuWeight / QuantWeight.nbytes: the stored matrix (int8: values + scales)
         return total + sum(t.nbytes for t in w.extra.values() if torch.is_tensor(t))
 
     @property

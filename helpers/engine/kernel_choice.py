@@ -107,24 +107,18 @@ def _write_once(path: Path, rec: dict) -> None:
 
 
 def synthetic_weights(seed: int = 0) -> list[torch.Tensor]:
-    """Column-major f32 weights of ``SHAPES`` (as ``kernels.decode_layout`` stores a model's)."""
+    """Column-major f32 weights of ``SHAPES`` (as :func:`use_cpu_kernels` stores a model's)."""
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(k, n, generator=g).t() for n, k in SHAPES]
 
 
 def time_here(repeats: int = 3) -> dict:
-    """Time every available kernel of each family on :func:`synthetic_weights` (each copy built, then freed):
-    decode-like passes over all of them for one row and a few rows, prefill over one layer's matrices."""
-    ws = synthetic_weights()
+    """Time every available kernel of each family on :func:`synthetic_weights` (each with every copy, freed with
+    them): decode-like passes over all of them for one row and a few rows, prefill over one layer's matrices."""
     kinds = [k for k in K.COPIES if K.kernel_available(k)]
-    for kind in kinds:
-        K.pack_weights(ws, kind)
-    try:
-        # prefill is compute-bound: one layer's matrices say as much as all of them, in a quarter of the time
-        return K.time_matmuls({"one_row": ws, "rows": ws, "prefill": ws[:4]}, repeats)
-    finally:
-        for kind in kinds:
-            K.unpack_weights(ws, kind)
+    ws = [K.CpuWeight.build(t, {}, kinds) for t in synthetic_weights()]
+    # prefill is compute-bound: one layer's matrices say as much as all of them, in a quarter of the time
+    return K.time_matmuls({"one_row": ws, "rows": ws, "prefill": ws[:4]}, repeats)
 
 
 def machine_choice(threads: int | None = None) -> dict:
@@ -202,6 +196,10 @@ def build_kernels(recorded: dict | None = None) -> dict[str, str]:
 
 
 def use_cpu_kernels(tr, pack: bool = True, recorded: dict | None = None):
-    """``tr``'s f32 matmuls on CPU by ``kernels.cpu_linear`` with the kernels of :func:`build_kernels`
-    (weights column-major, the copies those kernels read). ``pack=False``: the layout only (int8 storage)."""
-    return K.use_kernels(tr, build_kernels(recorded) if pack else None, pack)
+    """``tr``'s f32 matmul weights on CPU as :class:`kernels.CpuWeight`, column-major with the kernels of
+    :func:`build_kernels` and the copies they read; ``tr.matmul_kernels`` records the kernels. ``pack=False``: the
+    column-major layout only (int8 storage replaces the projections next; the rest runs ``F.linear``)."""
+    kernels = build_kernels(recorded) if pack else None
+    tr.w.relayout(K.column_major if kernels is None else (lambda t: K.CpuWeight.build(t, kernels)))
+    tr.matmul_kernels = None if kernels is None else dict(kernels)
+    return tr

@@ -1,13 +1,13 @@
-"""CPU matmul kernels for f32 steps: what each computes, the copies of the weights they read, and the
-timing that compares them (``helpers.engine.kernel_choice`` decides, once per machine, which one runs).
+"""CPU matmul kernels for f32 steps: what each computes, the weight object that owns the copies they read, and
+the timing that compares them (``helpers.engine.kernel_choice`` decides, once per machine, which one runs).
 
 A decode step reads every weight once, so on CPU it is bound by memory bandwidth and by how each
 matmul streams its weight; a step over a few rows (batch decode, speculative verification) reads
 the same weights and should cost about as much; prefill (T x hidden GEMMs) is compute-bound. Each of
 these three shape families ("one_row", "rows", "prefill") has its candidates (``MATMUL_KERNELS``).
-:func:`decode_layout` stores the weights column-major, :func:`pack_weights` keeps the copies that the
-"stream" kernel (``helpers.engine.stream``) and oneDNN's blocked layout ("packed") read, and
-:class:`CpuLinear` is a model's linear with its kernel per family fixed at the build.
+A model's f32 CPU weight is a :class:`CpuWeight`: the matrix stored column-major (:func:`column_major`), the
+kernel of each family fixed at the build, and the copies its kernels read ("stream", ``helpers.engine.stream``;
+oneDNN's blocked layout, "packed"); ``helpers.engine.model.linear`` runs it by its ``linear``.
 ``$NEURON_NB_GEMV`` / ``$NEURON_NB_GEMM`` / ``$NEURON_NB_PREFILL`` force a kernel (``$NEURON_NB_GEMM``
 forces prefill too unless ``$NEURON_NB_PREFILL`` is set).
 """
@@ -15,34 +15,16 @@ from __future__ import annotations
 
 import os
 import time
-import weakref
 
 import torch
 import torch.nn.functional as F
 
 from . import stream
-from .model import Transformer
-from .weights import RankWeights
 
 
 def column_major(t: torch.Tensor) -> torch.Tensor:
     """The same [out, in] tensor stored [in, out] in memory (shape unchanged, strides swapped)."""
     return t.t().contiguous().t()
-
-
-def decode_layout(w: RankWeights) -> None:
-    """Store f32 weights column-major for :func:`cpu_linear` (decode reads every weight once per token).
-
-    transformers-neuronx stores its weights transposed too (``llama/model.py`` ``load_weights``:
-    ``q_proj.weight.detach().T``). Shapes are unchanged, so every seam that takes [out, in] weights
-    (``Transformer.linear``, quantizers, sharding, serialization) still works.
-    """
-    for L in w.layers:
-        L.wqkv, L.wo, L.w13, L.w2 = (column_major(t) for t in (L.wqkv, L.wo, L.w13, L.w2))
-    tied = w.lm_head is w.embed
-    w.lm_head = column_major(w.lm_head)
-    if tied:  # one tensor serves both (an embedding row gather reads 576 strided floats: cheap)
-        w.embed = w.lm_head
 
 
 _MKLDNN_LINEAR = (getattr(torch.ops.mkldnn, "_linear_pointwise", None)
@@ -58,8 +40,7 @@ MATMUL_ENV = {"one_row": "NEURON_NB_GEMV", "rows": "NEURON_NB_GEMM", "prefill": 
 FEW_ROWS = 32  # up to this many rows a matmul is "rows" (batch decode, verification), beyond it "prefill"
 MATMUL_TUNE_ROWS = {"one_row": 1, "rows": 8, "prefill": 128}  # rows per timed matmul: batch 8 / k + 1; a prompt
 PACK_ROWS = 16  # oneDNN's batch-size hint for the blocked layout: 16 to 1024 gave the same speed for 1 to 1024 rows
-COPIES = ("stream", "packed")  # kernels that read their own copy of each weight (built by pack_weights)
-_copies: dict[str, dict[int, tuple[weakref.ref, torch.Tensor]]] = {k: {} for k in COPIES}  # id(weight) -> (weight, copy)
+COPIES = ("stream", "packed")  # kernels that read their own copy of each weight (:func:`weight_copy`)
 
 
 def family(rows: int) -> str:
@@ -93,37 +74,15 @@ def kernel_available(kernel: str) -> bool:
     return True
 
 
-def pack_weights(weights: list[torch.Tensor], kind: str = "packed") -> int:
-    """Keep a copy of each f32 CPU weight in the layout kernel ``kind`` reads: "packed", oneDNN's blocked layout
-    (``mkldnn._reorder_linear_weight``, what Inductor's CPU freezing does to linear weights); "stream", blocks of
-    16 output columns (``helpers.engine.stream``). Either streams the weight in the order its micro-kernel
-    consumes it, with no packing per call. A copy lives as long as its weight (nothing mutates weights in place
-    after the build) and costs as many bytes again. Returns the bytes copied (0 where the kernel is unavailable)."""
-    if not kernel_available(kind):
-        return 0
-    added, table = 0, _copies[kind]
-    for t in weights:
-        if t.dim() == 2 and t.dtype == torch.float32 and t.device.type == "cpu" and packed_weight(t, kind) is None:
-            copy = _MKLDNN_REORDER(t, PACK_ROWS) if kind == "packed" else stream.stream_layout(t)
-            if copy is None:  # "stream": out not a multiple of 16; cpu_linear falls back for this weight
-                continue
-            key = id(t)
-            table[key] = (weakref.ref(t, lambda _, key=key, table=table: table.pop(key, None)), copy)
-            added += t.numel() * t.element_size()
-    return added
-
-
-def unpack_weights(weights: list[torch.Tensor], kind: str = "packed") -> None:
-    """Drop the ``kind`` copies of ``weights`` (when no case runs that kernel)."""
-    for t in weights:
-        if packed_weight(t, kind) is not None:
-            del _copies[kind][id(t)]
-
-
-def packed_weight(w: torch.Tensor, kind: str = "packed") -> torch.Tensor | None:
-    """The ``kind`` copy of ``w`` kept by :func:`pack_weights`, or None (never packed, or a traced stand-in)."""
-    entry = _copies[kind].get(id(w))
-    return entry[1] if entry is not None and entry[0]() is w else None
+def weight_copy(w: torch.Tensor, kind: str) -> torch.Tensor | None:
+    """The copy of f32 CPU weight ``w`` that kernel ``kind`` reads, or None (kernel unavailable, or "stream" with
+    ``out`` not a multiple of 16): "packed", oneDNN's blocked layout (``mkldnn._reorder_linear_weight``, what
+    Inductor's CPU freezing does to linear weights); "stream", blocks of 16 output columns
+    (``helpers.engine.stream``). Either streams the weight in the order its micro-kernel consumes it, with no
+    packing per call, and costs as many bytes again."""
+    if not kernel_available(kind) or not (w.dim() == 2 and w.dtype == torch.float32 and w.device.type == "cpu"):
+        return None
+    return _MKLDNN_REORDER(w, PACK_ROWS) if kind == "packed" else stream.stream_layout(w)
 
 
 def copy_linear(kind: str, x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -176,22 +135,22 @@ def matmul_pass_seconds(linear, weights: list[torch.Tensor], xs: dict, repeats: 
     return best
 
 
-def candidates(case: str, weights: list[torch.Tensor], threads: int) -> dict:
-    """``name -> linear(x, w)`` of every kernel of ``case`` that can run on ``weights`` (column-major f32; "stream"
-    and "packed" need their copies, :func:`pack_weights`), each as :func:`cpu_linear` runs it."""
-    out = {"mkl": lambda x, t: F.linear(x, t)}
-    if case == "one_row" and threads > 1 and all(t.shape[1] % threads == 0 for t in weights):
-        out["split-k"] = lambda x, t: split_k_linear(x, t, None, threads)
+def candidates(case: str, weights: list["CpuWeight"], threads: int) -> dict:
+    """``name -> linear(x, w)`` of every kernel of ``case`` that can run on ``weights`` (:class:`CpuWeight`; "stream"
+    and "packed" need their copies), each as :meth:`CpuWeight.linear` runs it."""
+    out = {"mkl": lambda x, w: F.linear(x, w.dense)}
+    if case == "one_row" and threads > 1 and all(w.shape[1] % threads == 0 for w in weights):
+        out["split-k"] = lambda x, w: split_k_linear(x, w.dense, None, threads)
     if case != "one_row" and _MKLDNN_LINEAR is not None:
-        out["onednn"] = onednn_linear
+        out["onednn"] = lambda x, w: onednn_linear(x, w.dense)
     for kind in COPIES:
-        if all(packed_weight(t, kind) is not None for t in weights):  # the lookup is timed too: cpu_linear pays it
-            out[kind] = lambda x, t, kind=kind: copy_linear(kind, x, packed_weight(t, kind))
+        if all(kind in w.copies for w in weights):  # the lookup is timed too: CpuWeight.linear pays it
+            out[kind] = lambda x, w, kind=kind: copy_linear(kind, x, w.copies[kind])
     return {k: v for k, v in out.items() if k in MATMUL_KERNELS[case]}
 
 
 def time_matmuls(weights_by_case: dict[str, list[torch.Tensor]], repeats: int = 3, seed: int = 0) -> dict:
-    """Milliseconds per pass of every candidate kernel over ``weights_by_case[case]`` (column-major f32 with
+    """Milliseconds per pass of every candidate kernel over ``weights_by_case[case]`` (:class:`CpuWeight` with
     their copies) at ``MATMUL_TUNE_ROWS[case]`` rows, best of ``repeats`` after a warm-up round, the kernels
     alternating per round (load on a shared machine hits them alike): ``{case: {"kernel": fastest, "ms": {..}}}``.
     Only speed differs between kernels, but which one runs decides the f32 rounding, so
@@ -211,74 +170,71 @@ def time_matmuls(weights_by_case: dict[str, list[torch.Tensor]], repeats: int = 
     return out
 
 
-def cpu_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
-               kernels: dict[str, str] | None = None) -> torch.Tensor:
-    """``F.linear`` for f32 weights stored column-major on CPU (:func:`decode_layout`), by ``kernels[family]``
-    (:func:`default_kernels` if None; a built model passes its own, :class:`CpuLinear`):
+class CpuWeight:
+    """An f32 [out, in] weight on CPU, stored column-major (``dense``: shape unchanged, strides swapped), with the
+    kernel of each shape family it runs with (``kernels``: ``{"one_row", "rows", "prefill"} -> kernel``, fixed at
+    the build, so its numerics never change afterwards) and the copies those kernels read (``copies``: kind ->
+    tensor), which live and die with it.
+
+    transformers-neuronx stores its weights transposed too (``llama/model.py`` ``load_weights``:
+    ``q_proj.weight.detach().T``). :meth:`linear`:
 
     - one row (batch-1 decode): split-k (:func:`split_k_linear`), "stream" (``helpers.engine.stream``),
-      oneDNN on its blocked copy ("packed", :func:`pack_weights`) or MKL's GEMV (``F.linear``);
+      oneDNN on its blocked copy ("packed") or MKL's GEMV (``F.linear``);
     - a few rows (<= FEW_ROWS: speculative verification, batch decode) and prefill: "stream", "packed",
       oneDNN's linear on the column-major weight (``mkldnn._linear_pointwise``, what torch.compile's CPU
       backend emits) or MKL's GEMM.
 
-    A weight without the chosen kernel's copy (e.g. a graph input while ``torch.export`` traces) takes
-    oneDNN's linear for several rows and ``F.linear`` for one. Any other weight (row-major, bf16, int8
-    storage) goes to ``F.linear``.
+    Without the chosen kernel's copy (:meth:`traced`: a graph input while ``torch.export`` traces) it takes
+    oneDNN's linear for several rows and ``F.linear`` for one.
     """
-    if w.stride(0) != 1 or w.dtype != torch.float32 or w.dim() != 2:
-        return F.linear(x, w, b)
-    kernels = kernels or default_kernels()
-    k = x.shape[-1]
-    rows = x.numel() // k  # (cheap checks only: this runs ~120 times per token)
-    if rows == 1:
-        n = torch.get_num_threads()
-        kernel = kernels["one_row"]
-        if kernel == "split-k" and n > 1 and k % n == 0:
-            return split_k_linear(x, w, b, n)
-        p = packed_weight(w, kernel) if kernel in COPIES else None
-        return F.linear(x, w, b) if p is None else copy_linear(kernel, x, p, b)
-    kernel = kernels["rows" if rows <= FEW_ROWS else "prefill"]
-    if kernel in COPIES:
-        p = packed_weight(w, kernel)
-        if p is not None:
-            return copy_linear(kernel, x, p, b)
-        kernel = "onednn"
-    if _MKLDNN_LINEAR is not None and kernel == "onednn":
-        return onednn_linear(x, w, b)
-    return F.linear(x, w, b)
 
+    def __init__(self, dense: torch.Tensor, kernels: dict[str, str], copies: dict[str, torch.Tensor] | None = None):
+        self.dense, self.kernels, self.copies = dense, dict(kernels), dict(copies or {})
 
-class CpuLinear:
-    """A built model's linear: :func:`cpu_linear` with the kernel of each family fixed at the build
-    (``kernels``: ``{"one_row", "rows", "prefill"} -> kernel``), so its numerics never change afterwards."""
+    @classmethod
+    def build(cls, w: torch.Tensor, kernels: dict[str, str], kinds=None) -> "CpuWeight":
+        """``w`` stored column-major, with the copies its ``kernels`` read (or those of ``kinds``, for timing)."""
+        dense = w if w.stride(0) == 1 else column_major(w)
+        wanted = set(kernels.values()) if kinds is None else set(kinds)
+        copies = {kind: weight_copy(dense, kind) for kind in COPIES if kind in wanted}
+        return cls(dense, kernels, {k: c for k, c in copies.items() if c is not None})
 
-    def __init__(self, kernels: dict[str, str]):
-        self.kernels = dict(kernels)
+    def traced(self, t: torch.Tensor) -> "CpuWeight":
+        """The same kernels over ``t`` (a graph input standing for ``dense``), without copies."""
+        return CpuWeight(t, self.kernels)
 
-    def __call__(self, x, w, b=None):
-        return cpu_linear(x, w, b, self.kernels)
+    @property
+    def shape(self):
+        return self.dense.shape
+
+    @property
+    def nbytes(self) -> int:
+        """The weight's bytes (its kernels' copies not counted)."""
+        return self.dense.nbytes
 
     def __repr__(self):
-        return f"CpuLinear({self.kernels})"
+        return f"CpuWeight({tuple(self.shape)}, kernels={self.kernels}, copies={sorted(self.copies)})"
 
-
-def decode_matrices(w: RankWeights) -> list[torch.Tensor]:
-    """The matrices a decode step streams, in the order it reads them (per layer, then the LM head)."""
-    return [t for L in w.layers for t in (L.wqkv, L.wo, L.w13, L.w2)] + [w.lm_head]
-
-
-def use_kernels(tr: Transformer, kernels: dict[str, str] | None, pack: bool = True) -> Transformer:
-    """Run ``tr``'s f32 matmuls on CPU with ``kernels`` (:class:`CpuLinear`): weights column-major, with the copies
-    those kernels read. ``pack=False``: the layout only (int8 storage replaces the projections and the linear
-    next). ``tr.matmul_kernels`` records the kernels (None without them)."""
-    decode_layout(tr.w)
-    tr.matmul_kernels = None
-    if not pack:
-        tr.linear = cpu_linear
-        return tr
-    mats = decode_matrices(tr.w)
-    for kind in set(kernels.values()) & set(COPIES):
-        pack_weights(mats, kind)
-    tr.linear, tr.matmul_kernels = CpuLinear(kernels), dict(kernels)
-    return tr
+    def linear(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        w = self.dense
+        if w.stride(0) != 1:  # a traced stand-in laid out otherwise
+            return F.linear(x, w, b)
+        k = x.shape[-1]
+        rows = x.numel() // k  # (cheap checks only: this runs ~120 times per token)
+        if rows == 1:
+            n = torch.get_num_threads()
+            kernel = self.kernels["one_row"]
+            if kernel == "split-k" and n > 1 and k % n == 0:
+                return split_k_linear(x, w, b, n)
+            p = self.copies.get(kernel)
+            return F.linear(x, w, b) if p is None else copy_linear(kernel, x, p, b)
+        kernel = self.kernels["rows" if rows <= FEW_ROWS else "prefill"]
+        if kernel in COPIES:
+            p = self.copies.get(kernel)
+            if p is not None:
+                return copy_linear(kernel, x, p, b)
+            kernel = "onednn"
+        if _MKLDNN_LINEAR is not None and kernel == "onednn":
+            return onednn_linear(x, w, b)
+        return F.linear(x, w, b)

@@ -52,6 +52,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(x.dtype)
 
 
+def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
+    """The model's one linear: a tensor by ``F.linear``, a weight object by its own kernel (``w.linear``: f32 on
+    CPU, ``helpers.engine.kernels.CpuWeight``; int8 storage, ``helpers.engine.quant.QuantWeight``)."""
+    return F.linear(x, w, b) if isinstance(w, torch.Tensor) else w.linear(x, b)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """transformers' ``x * cos + rotate_half(x) * sin`` with the sign of rotate_half folded into
     ``sin_signed`` = cat(-sin[:D/2], sin[D/2:]): three kernels instead of six."""
@@ -71,7 +77,6 @@ class Transformer:
                  device: torch.device, dtype: torch.dtype, cache_cls: type[KVCache] = KVCache):
         self.args, self.w, self.comm = args, w, comm
         self.dtype, self.device = dtype, device
-        self.linear = F.linear  # seam: CPU kernels (helpers.engine.kernels), int8 storage (helpers.engine.quant)
         self.matmul_kernels: dict | None = None  # the CPU kernel per shape family, when they run (kernel_choice)
         inv_freq, scale = rope_inv_freq(args)
         pos = torch.arange(n_positions, dtype=torch.float)
@@ -101,7 +106,7 @@ class Transformer:
         """Column-parallel fused projection -> q, k, v, each [B, T, heads * head_dim] of this rank.
         Seam: ``helpers.parallel`` splits by its layout's columns (SHARD_OVER_BATCH, ALL_GATHER_HEADS)."""
         nq, nkv = self.w.n_q * self.args.head_dim, self.w.n_kv * self.args.head_dim
-        qkv = self.linear(h, L.wqkv, L.bqkv)
+        qkv = linear(h, L.wqkv, L.bqkv)
         return qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
 
     def attention(self, q, k, v, kv: KVCache, cos, sin, slots, kv_len: int, attn_mask):
@@ -124,13 +129,13 @@ class Transformer:
         per bucket in helpers.artifacts)."""
         h = rms_norm(x, L.ln1, self.args.rms_norm_eps)
         q, k, v = self.qkv(L, h)
-        return self.linear(self.attention(q, k, v, kv, cos, sin, slots, kv_len, attn_mask), L.wo)
+        return linear(self.attention(q, k, v, kv, cos, sin, slots, kv_len, attn_mask), L.wo)
 
     def mlp_block(self, x, L: LayerWeights):
         """One layer's gated MLP up to its all-reduce."""
         h = rms_norm(x, L.ln2, self.args.rms_norm_eps)
-        g, u = self.linear(h, L.w13).chunk(2, dim=-1)
-        return self.linear(F.silu(g) * u, L.w2)
+        g, u = linear(h, L.w13).chunk(2, dim=-1)
+        return linear(F.silu(g) * u, L.w2)
 
     @torch.inference_mode()
     def forward(self, tokens, rope_pos, slots, kv_len: int, mask, logit_idx=None, blocks=None):
@@ -151,7 +156,7 @@ class Transformer:
         if logit_idx is not None:
             x = x[torch.arange(B, device=x.device)[:, None], logit_idx]
         x = rms_norm(x, w.norm, a.rms_norm_eps)
-        logits = self.comm.all_gather(self.linear(x, w.lm_head), dim=-1)
+        logits = self.comm.all_gather(linear(x, w.lm_head), dim=-1)
         return logits[..., : w.vocab_size].float()
 
 

@@ -14,8 +14,8 @@ Two families of methods, with the Neuron libraries' names:
   (one ``model.safetensors`` holding ``layers.N.<proj>.weight`` int8 + ``.scale`` f32, as NxDI names them).
 
 The engine calls :func:`check_quant_config` before any build and :func:`quantize_model` in ``to_neuron()``;
-the model's linear layers then see :class:`QuantWeight` objects and ``Transformer.linear`` becomes
-:func:`dequant_linear`.
+the model's projections are then :class:`QuantWeight` objects, which ``helpers.engine.model.linear`` runs by
+:meth:`QuantWeight.linear`.
 """
 from __future__ import annotations
 
@@ -122,6 +122,20 @@ class QuantWeight:
         w = self.q.to(self.dtype)
         return w if self.scale is None else w * self.scale.to(self.dtype)[:, None]
 
+    def linear(self, x: torch.Tensor, bias=None) -> torch.Tensor:
+        """``x @ dequantize().T`` in ``x``'s dtype (= amp): the output channels' scale applied after the matmul
+        (same product). On CPU with bf16/f16 activations, torch's weight-only int8 kernel does both in one pass."""
+        if (self.q.dtype == torch.int8 and self.scale is not None and x.device.type == "cpu"
+                and x.dtype in (torch.bfloat16, torch.float16)):
+            y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]).contiguous(), self.q,
+                                                   self.scale.to(x.dtype))
+            y = y.view(*x.shape[:-1], -1)
+        else:
+            y = F.linear(x, self.q.to(x.dtype))
+            if self.scale is not None:
+                y = y * self.scale.to(x.dtype)
+        return y if bias is None else y + bias
+
 
 def quantize_tensor(w: torch.Tensor, quant: QuantizationConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One [out, in] weight -> (8-bit values, f32 scale [out] or [1] for per-tensor, or None)."""
@@ -149,33 +163,14 @@ def _fuse(parts: list[tuple[torch.Tensor, torch.Tensor | None]], dtype: torch.dt
     return QuantWeight(q, scale, dtype)
 
 
-def dequant_linear(x: torch.Tensor, w, bias=None) -> torch.Tensor:
-    """``Transformer.linear`` with int8 storage: ``x @ dequantize(w).T`` in ``x``'s dtype (= amp).
-
-    The weight is dequantized as the output channels' scale applied after the matmul (same product).
-    On CPU with bf16/f16 activations, torch's weight-only int8 kernel does both in one pass.
-    """
-    if not isinstance(w, QuantWeight):
-        return F.linear(x, w, bias)
-    if (w.q.dtype == torch.int8 and w.scale is not None and x.device.type == "cpu"
-            and x.dtype in (torch.bfloat16, torch.float16)):
-        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]).contiguous(), w.q, w.scale.to(x.dtype))
-        y = y.view(*x.shape[:-1], -1)
-    else:
-        y = F.linear(x, w.q.to(x.dtype))
-        if w.scale is not None:
-            y = y * w.scale.to(x.dtype)
-    return y if bias is None else y + bias
-
-
 # -- model -----------------------------------------------------------------------------------------
 def _split(t: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     return list(torch.split(t, sizes, dim=0))
 
 
 def quantize_model(model, quant: QuantizationConfig) -> None:
-    """Replace a built ``Transformer``'s projection weights by :class:`QuantWeight` (in place) and swap
-    its linear for :func:`dequant_linear`. Reads ``quant.quantized_checkpoints_path`` when set."""
+    """Replace a built ``Transformer``'s projection weights by :class:`QuantWeight` (in place; the model's
+    ``linear`` runs them by :meth:`QuantWeight.linear`). Reads ``quant.quantized_checkpoints_path`` when set."""
     if quant.quantize_method == "direct_cast":
         warnings.warn(f"direct casting is enabled with dtype {quant.quant_dtype}, make sure the values are within "
                       "representable range of the datatype (transformers-neuronx's warning)")
@@ -199,7 +194,6 @@ def quantize_model(model, quant: QuantizationConfig) -> None:
             L.wo = _checked(_fuse([get[ATTN[3]]], dtype), L.wo, i, "o_proj")
         L.w13 = _checked(_fuse([get[MLP[0]], get[MLP[1]]], dtype), L.w13, i, "gate/up")
         L.w2 = _checked(_fuse([get[MLP[2]]], dtype), L.w2, i, "down_proj")
-    model.linear = dequant_linear
 
 
 def _checked(qw: QuantWeight, old: torch.Tensor, layer: int, what: str) -> QuantWeight:

@@ -14,6 +14,13 @@ import torch
 
 from ..planning.gqa import HeadLayout, resolve_layout, round_up
 from .config import ModelArgs
+from .kernels import CpuWeight
+
+
+def stored(w):
+    """The tensor a weight keeps: a :class:`CpuWeight`'s column-major matrix, else the weight itself (a tensor,
+    or an int8 ``helpers.engine.quant.QuantWeight``)."""
+    return w.dense if isinstance(w, CpuWeight) else w
 
 
 @dataclass
@@ -40,6 +47,24 @@ class RankWeights:
     vocab_size: int         # the unpadded vocabulary (gathered logits are cut to it)
     kv_group: torch.Tensor | None = None  # per local q head: index of its local kv head (None: n_q // n_kv groups)
     extra: dict = field(default_factory=dict)
+
+    @property
+    def tied(self) -> bool:
+        """The LM head is the embedding table (one tensor)."""
+        return stored(self.lm_head) is self.embed
+
+    def matrices(self) -> list:
+        """The matrices a decode step streams, in the order it reads them (per layer, then the LM head)."""
+        return [t for L in self.layers for t in (L.wqkv, L.wo, L.w13, L.w2)] + [self.lm_head]
+
+    def relayout(self, make) -> None:
+        """Replace every matrix by ``make(matrix)`` (a tied embedding follows the LM head's stored tensor)."""
+        tied = self.tied
+        for L in self.layers:
+            L.wqkv, L.wo, L.w13, L.w2 = (make(t) for t in (L.wqkv, L.wo, L.w13, L.w2))
+        self.lm_head = make(self.lm_head)
+        if tied:  # one tensor serves both (an embedding row gather reads 576 strided floats: cheap)
+            self.embed = stored(self.lm_head)
 
 
 def _chunk(t: torch.Tensor, dim: int, tp: int, rank: int) -> torch.Tensor:
@@ -125,10 +150,10 @@ def shard_state(state, args: ModelArgs, dtype: torch.dtype, rank: int = 0, tp: i
 
 def weight_breakdown(w: RankWeights) -> dict:
     """Bytes of one rank's weights by part (the embedding is replicated; tnx keeps it on the host)."""
-    nbytes = lambda t: 0 if t is None else t.numel() * t.element_size()  # noqa: E731
+    nbytes = lambda t: 0 if t is None else t.nbytes  # noqa: E731
     layers = sum(nbytes(getattr(L, n)) for L in w.layers for n in ("wqkv", "wo", "w13", "w2", "bqkv", "bo"))
     norms = nbytes(w.norm) + sum(nbytes(L.ln1) + nbytes(L.ln2) for L in w.layers)
-    lm_head = 0 if w.lm_head is w.embed else nbytes(w.lm_head)
+    lm_head = 0 if w.tied else nbytes(w.lm_head)
     return {"embedding": nbytes(w.embed), "layers": layers, "norms": norms, "lm_head": lm_head}
 
 
