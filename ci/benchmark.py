@@ -182,7 +182,7 @@ def bench_config(amp: str, batch: int, a, tokenizer, bw: dict, device) -> dict:
                                                        streamer=clock))(m)
     hf = helpers.load_hf_model(a.model_path, dtype=dtype).to(device)
 
-    def hf_run(clock):
+    def hf_run(clock, hf=hf):
         with torch.inference_mode():
             return hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=N,
                                do_sample=False, top_k=None, top_p=None, temperature=None, eos_token_id=None,
@@ -222,7 +222,7 @@ def bench_config(amp: str, batch: int, a, tokenizer, bw: dict, device) -> dict:
         res["profile"] = profile_engine(m, ids, P, N)
         if device.type == "cpu":
             res["profile"]["pause_cost"] = matmul_pause_cost(m, batch)
-    del engines, hf, runs
+    del engines, hf, hf_run, runs
     gc.collect()
     return res
 

@@ -769,8 +769,6 @@ def _tnx_loop_probes(out):
     for n, cur in itertools.product((1, 2, 3, 6), (2, 4, 5)):
         out[f"filter_ngrams[{n},{cur}]"] = _outcome(
             lambda: sampling.filter_ngrams(n, ids, torch.zeros(2, 6), cur))
-    for n in (None, 0, 1, 3, -2, 1.5):
-        out[f"validate_no_repeat_ngram_size({n})"] = _outcome(lambda: sampling.validate_no_repeat_ngram_size(n))
 
     # acceptors (fixed seed): random scores, draft == target (all accepted), target elsewhere (first rejected),
     # accepted token id 0 (zero padding), shape errors

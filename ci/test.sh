@@ -2,7 +2,8 @@
 # The test command. Set up (.venv and both neuron-lane venvs, side by side), then two streams, one per core of a 2-core
 # machine, each single-threaded (OMP_NUM_THREADS=1, so they do not oversubscribe the cores):
 #   stream 1: every notebook once through papermill on the reference backend, at its own defaults
-#             (tests/test_notebooks.py, ci/params/cpu.yaml, metrics against ci/baselines/cpu.json), then the
+#             (tests/test_notebooks.py, ci/params/cpu.yaml, metrics against ci/baselines/cpu.json; the executed
+#             notebooks, their HTML, logs, metrics and report.json kept in $OUT_DIR/notebooks/cpu), then the
 #             benchmarks' smoke runs (tests/test_benchmark.py), then the lanes' third part: every Neuron cell of
 #             each stack alone as a script against its stand-in (ci/neuron_sim.sh with NEURON_LANE_PARTS=cells);
 #   stream 2: the unit tests of helpers (engine parity with transformers, the runner, ...), then the two
@@ -32,6 +33,8 @@ done
 tail -n 1 "$LOGS"/setup*.log
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_NUM_THREADS=1
+NOTEBOOKS_OUT="$(cd "${OUT_DIR:-out}" && pwd)/notebooks"  # tests/test_notebooks.py's outputs, per parameter set
+export NOTEBOOKS_OUT
 status=0
 
 # stream 1: the notebooks, the benchmark smoke runs, then every Neuron cell of both stacks alone as a script

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import helpers
-from helpers.prompts import encode_prompts, hf_greedy
+from helpers.prompts import encode_prompts
 
 LOGITS_ATOL = 1e-3
 BF16_REL_TOL = 0.05  # bf16 logits against f32's, relative to the largest |logit| (test_bf16_runs_and_tracks_f32)

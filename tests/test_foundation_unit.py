@@ -67,6 +67,17 @@ def test_bad_engine_settings_fail_before_build(tmp_path, kwargs, exc, msg):
         helpers.NeuronModel.from_pretrained(tmp_path, **kwargs)
 
 
+@pytest.mark.parametrize("overrides,msg", [
+    ({"hidden_act": "gelu"}, "hidden_act='gelu': the engine implements SiLU-gated MLPs only"),
+    ({"mlp_bias": True}, "mlp_bias=True: the engine implements MLPs without biases only; run this checkpoint with "
+                         "transformers, or use one whose config.json has mlp_bias=false"),
+], ids=["hidden_act", "mlp_bias"])
+def test_unimplemented_architecture_features_are_refused_before_build(tmp_path, overrides, msg):
+    write_tiny(tmp_path, "llama", **overrides)
+    with pytest.raises(ValueError, match=f"^{msg}$"):
+        helpers.NeuronModel.from_pretrained(tmp_path)
+
+
 def test_engine_call_errors_name_the_fix(tmp_path):
     write_tiny(tmp_path)
     model = helpers.NeuronModel.from_pretrained(tmp_path, batch_size=2, n_positions=64)

@@ -4,8 +4,14 @@
 its cells ran, its own assertions against the oracle held and its metrics are within the baselines.
 The alternative values (``ci/params/cpu-alt.yaml``: other prompts, batch sizes, amp, feature knobs) run in
 the CPU workflow's second step; the neuron backend runs in the neuron lanes (``ci/neuron_sim.sh``).
+
+Outputs (executed notebooks, HTML, logs, metrics, report.json) go to ``$NOTEBOOKS_OUT/<parameter set>`` when
+``NOTEBOOKS_OUT`` is set (ci/test.sh sets it to ``out/notebooks``: the CPU workflow uploads that run), else to a
+temporary folder.
 """
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +26,11 @@ PARAM_SETS = {"cpu": ("ci/params/cpu.yaml", "ci/baselines/cpu.json")}
 @pytest.fixture(scope="module", params=list(PARAM_SETS))
 def run(request, tmp_path_factory):
     params, baselines = PARAM_SETS[request.param]
-    out = tmp_path_factory.mktemp(f"nb-{request.param}")
+    if os.environ.get("NOTEBOOKS_OUT"):
+        out = Path(os.environ["NOTEBOOKS_OUT"]).resolve() / request.param
+        shutil.rmtree(out, ignore_errors=True)  # this run's outputs only
+    else:
+        out = tmp_path_factory.mktemp(f"nb-{request.param}")
     cmd = [sys.executable, str(ROOT / "ci/run_notebooks.py"), "--params", str(ROOT / params), "--out", str(out)]
     if baselines:
         cmd += ["--baselines", str(ROOT / baselines)]

@@ -2,7 +2,6 @@
 Timings are noisy, so the tests check what does not depend on load: which steps run, their shapes and bookkeeping,
 and the refusals."""
 import pytest
-import torch
 
 import helpers
 from helpers.engine import timing

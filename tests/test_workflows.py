@@ -63,10 +63,33 @@ def test_cpu_workflow_runs_the_readme_commands_on_every_push():
     wf = _load(REPO / ".github" / "workflows" / "cpu.yml")
     assert "push" in wf["on"] and "pull_request" in wf["on"]
     text = _run_lines(wf)
-    assert "bash ci/test.sh" in text and "bash ci/notebooks.sh" in text
+    assert "bash ci/test.sh" in text
     uploads = [s for j in wf["jobs"].values() for s in j["steps"] if "upload-artifact" in s.get("uses", "")]
-    assert uploads and "out/executed" in uploads[0]["with"]["path"] and "out/html" in uploads[0]["with"]["path"]
-    assert uploads[0].get("if") == "always()"
+    assert uploads and uploads[0].get("if") == "always()"
+    uploaded = uploads[0]["with"]["path"].split()
+    # ci/test.sh keeps the executed notebooks of its run (tests/test_notebooks.py) under out/notebooks
+    test_sh = (REPO / "ci" / "test.sh").read_text()
+    assert re.search(r'^NOTEBOOKS_OUT="\$\(cd "\$\{OUT_DIR:-out\}" && pwd\)/notebooks"', test_sh, re.M)
+    assert "export NOTEBOOKS_OUT" in test_sh and "out/notebooks" in uploaded
+
+
+def test_cpu_workflow_runs_each_notebook_once_per_parameter_set():
+    """ci/test.sh runs every notebook with each parameter set of tests/test_notebooks.py; the workflow runs the
+    others once each, into the uploaded folder, and never runs a set twice (ci/notebooks.sh repeats cpu.yaml)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_notebooks import PARAM_SETS
+
+    wf = _load(REPO / ".github" / "workflows" / "cpu.yml")
+    text = _run_lines(wf)
+    assert "ci/notebooks.sh" not in text, "ci/test.sh already runs every notebook with ci/params/cpu.yaml"
+    runs = re.findall(r"ci/run_notebooks\.py\s+--params\s+(\S+)\s+--out\s+(\S+)", text)
+    assert len(runs) == text.count("ci/run_notebooks.py")
+    params = [p for p, _ in runs] + [p for p, _ in PARAM_SETS.values()]
+    assert len(params) == len(set(params)), params
+    uploaded = next(s for j in wf["jobs"].values() for s in j["steps"]
+                    if "upload-artifact" in s.get("uses", ""))["with"]["path"].split()
+    for _, out in runs:
+        assert any(out == u or out.startswith(u + "/") for u in uploaded), (out, uploaded)
 
 
 def _runner():

@@ -42,7 +42,6 @@ class ModelArgs:
     tie_word_embeddings: bool
     sliding_window: int | None
     attention_bias: bool
-    mlp_bias: bool
     eos_token_id: int | list | None
     pad_token_id: int | None
     hf_config: dict = field(repr=False, compare=False, hash=False, default_factory=dict)
@@ -51,6 +50,9 @@ class ModelArgs:
     def from_hf(cls, cfg: dict) -> "ModelArgs":
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act={cfg['hidden_act']!r}: the engine implements SiLU-gated MLPs only")
+        if cfg.get("mlp_bias", False):
+            raise ValueError(f"mlp_bias={cfg['mlp_bias']!r}: the engine implements MLPs without biases only; run this "
+                             "checkpoint with transformers, or use one whose config.json has mlp_bias=false")
         n_heads = cfg["num_attention_heads"]
         rope = cfg.get("rope_parameters") or {}
         sliding = cfg.get("sliding_window") if cfg.get("model_type") == "mistral" or cfg.get("use_sliding_window") else None
@@ -69,7 +71,6 @@ class ModelArgs:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             sliding_window=sliding,
             attention_bias=bool(cfg.get("attention_bias", False)),
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
             eos_token_id=cfg.get("eos_token_id"),
             pad_token_id=cfg.get("pad_token_id"),
             hf_config=dict(cfg),

@@ -1,12 +1,14 @@
 """The "stream" matmul kernel for steps over a few rows: every weight read once for all rows, at the speed
 a one-row step reads it (``csrc/stream_linear.c``).
 
-Library GEMMs stream a weight and then compute on it, one after the other: on the 2-core AMD EPYC a step
-over 8 rows cost 1.8x a one-row step in oneDNN's blocked layout and 2.4x with MKL. This kernel stores each
-weight in blocks of 16 output columns (:func:`stream_layout`), runs six rows per pass over a block and
-prefetches 4 KB ahead, so reading the next block overlaps the arithmetic on this one (8 rows: ~1.3x one
-row). With many rows (prefill) it keeps up with the library GEMMs (128 rows: 165-177 ms per pass over
-SmolLM2's layers against oneDNN's 200-216; 1024 rows: 1251 against MKL's 1270-1395).
+Library GEMMs stream a weight and then compute on it, one after the other, so a step over a few rows costs
+well over a one-row step. This kernel stores each weight in blocks of 16 output columns
+(:func:`stream_layout`), runs six rows per pass over a block and prefetches 4 KB ahead, so reading the next
+block overlaps the arithmetic on this one and a step over a few rows stays close to a one-row step. With
+many rows (prefill) it keeps up with the library GEMMs. The figures are the benchmark's:
+``python ci/benchmark.py`` prints every kernel's timing per shape family and the steps over 1, 2, 4 and 8
+rows on the machine it runs on; docs/performance.md ("Decode speed, kernels and the roofline", "Steps by
+rows, and prefill") reports them for two machines.
 
 It is C with AVX2 intrinsics, built on first use with the system C compiler (``$CC`` or ``cc``) into
 ``helpers.model_store.cache_dir()/kernels`` (``~/.cache/neuron-llm-notebooks/kernels``, or under

@@ -14,6 +14,7 @@ from ..engine.sampling import validate_input_ids, validate_sampling_args
 from ..engine.stopping import row_flags
 from ..engine.streaming import ForwardingStreamer
 from ..planning.buckets import tnx_token_buckets
+from .settings import NeuronSettings
 
 
 def start_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -78,10 +78,6 @@ def as_strategy(value):
                      "(transformers-neuronx: the first four; NxD Inference: convert-to-mha, replicate-to-tp-degree)")
 
 
-def library_of(strategy) -> str:
-    return "nxdi" if isinstance(strategy, NxDIGQA) else "tnx"
-
-
 def round_up(n: int, d: int) -> int:
     return -(-n // d) * d
 

@@ -243,10 +243,6 @@ def plan(model, tp_degree: int, batch_size: int = 1, n_positions: int = 2048, am
     return p
 
 
-def plan_table(model, tp_degrees, **kwargs) -> list[Plan]:
-    return [plan(model, tp, **kwargs) for tp in tp_degrees]
-
-
 def smallest_fitting_tp(model, inst, reserve: float = RUNTIME_RESERVE, **kwargs) -> Plan | None:
     for tp in instance(inst).tp_degrees:
         p = plan(model, tp, **kwargs)

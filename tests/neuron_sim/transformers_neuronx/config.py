@@ -264,7 +264,7 @@ class NeuronConfig():
             self.fused_rmsnorm_mlp = False
         self.mlp_out_weight_transpose = mlp_out_weight_transpose
         if self.shard_over_sequence:
-            assert self.sparse_attn is None, f"sparse attn is not supported with flash decoding"
+            assert self.sparse_attn is None, "sparse attn is not supported with flash decoding"
             if not (self.continuous_batching and self.continuous_batching.optimized_paged_attention):
                 assert self.cache_layout == Layout.SBH, f"flash decoding only support SBH layout , got {self.cache_layout}"
         self.duplicate_q_weight_sos = duplicate_q_weight_sos

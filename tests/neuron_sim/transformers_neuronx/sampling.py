@@ -20,6 +20,8 @@ engine's, see ``transformers_neuronx.base``). What a caller sees, all from the s
   ``cache_ids=tensor([0])`` starts at the prompt length). ``sample_tokens`` (on-device generation: the model
   returns tokens) is transcribed too; the stand-in's models refuse ``on_device_generation`` at ``to_neuron()``,
   so only a caller's own model reaches it.
+
+``validate_no_repeat_ngram_size``, which no code here calls, is not transcribed.
 """
 import warnings
 from typing import Optional
@@ -191,11 +193,6 @@ def validate_top_k_top_p_min_tokens_to_keep(top_k, top_p, min_tokens_to_keep):
 
     if min_tokens_to_keep is not None and (not isinstance(min_tokens_to_keep, int) or min_tokens_to_keep < 0):
         raise ValueError('min_tokens_to_keep has to be a non-negative int.')
-
-
-def validate_no_repeat_ngram_size(ngram_size):
-    if ngram_size and (not isinstance(ngram_size, int) or ngram_size <= 0):
-        raise ValueError(f"`ngram_size` has to be a strictly positive integer, but is {ngram_size}")
 
 
 def top_k_top_p_filtering(scores, top_k, top_p, min_tokens_to_keep=1):

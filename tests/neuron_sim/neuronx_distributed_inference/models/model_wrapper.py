@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 
 import _neuron_contract as contract
-from neuronx_distributed_inference import _prefix_caching
 from neuronx_distributed_inference._continuous_batching import forward_slots
 
 CONTEXT_ENCODING_MODEL_TAG = "context_encoding_model"

@@ -4,7 +4,7 @@ prune_state_dict. Verbatim up to create_n_layer_checkpoint (not transcribed).
 """
 import json
 import os
-from typing import Callable, Dict, List, Any, Optional
+from typing import Callable, Dict, List
 
 import torch
 from huggingface_hub import save_torch_state_dict

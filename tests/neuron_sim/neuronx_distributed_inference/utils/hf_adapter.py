@@ -39,13 +39,13 @@ keeps silently) raises ContractError. Numbers: the reference engine at tp_degree
 import copy
 import os
 from types import SimpleNamespace
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, Optional, Union
 
 import torch
 from transformers import AutoConfig, GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.generation.streamers import BaseStreamer
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-from transformers.generation import GenerateDecoderOnlyOutput, SampleDecoderOnlyOutput
+from transformers.generation import SampleDecoderOnlyOutput
 from transformers.generation.utils import GenerateNonBeamOutput
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
