@@ -102,17 +102,17 @@ def gemv_bandwidth(dtype: torch.dtype, repeats: int) -> dict:
     ws = [torch.randn(49152, 576).to(dtype) for _ in range(4)]  # 4 x 113 MB (f32): no cache reuse
     x = torch.randn(1, 576).to(dtype)
     out = {}
-    for name, layout, linear in (("row_major", lambda w: w, F.linear),
+    for name, layout, kernel in (("row_major", lambda w: w, F.linear),
                                  ("column_major", engine_kernels.column_major, F.linear),
                                  ("split_k", engine_kernels.column_major,
                                   lambda x, w: engine_kernels.split_k_linear(x, w, None, torch.get_num_threads()))):
         mats = [layout(w) for w in ws]
-        linear(x, mats[0])
+        kernel(x, mats[0])
         gbs = []
         for _ in range(repeats):
             t = time.perf_counter()
             for w in mats:
-                linear(x, w)
+                kernel(x, w)
             gbs.append(sum(w.nbytes for w in mats) / (time.perf_counter() - t) / 1e9)
         out[name] = spread(gbs)
         del mats
