@@ -8,6 +8,8 @@ Runs in the nxdi lane (transformers 4.57.1); skipped elsewhere.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -64,6 +66,19 @@ def test_prefix_caching_needs_the_block_layout(env):
         env["model"](is_block_kv_layout=False)
 
 
+def target_2d_bucket(buckets, tag, vertical_dim, horizontal_dim):
+    """The release's ``ModelWrapper.get_target_2d_bucket_for_prefix_caching`` ("first_fit", no speculation, as the
+    stand-in transcribes it) on a bucket grid: ``vertical_dim`` = num_queries, ``horizontal_dim`` = computed context
+    lens (``args[13]`` and ``args[14]`` of the model's forward)."""
+    from neuronx_distributed_inference.models.model_wrapper import ModelWrapper
+
+    nc = SimpleNamespace(buckets=buckets, speculation_length=0, enable_fused_speculation=False,
+                         enable_eagle_speculation=False, allow_input_truncation=False, pa_block_size=8)
+    wrapper = SimpleNamespace(neuron_config=nc, tag=tag, async_mode=False)
+    bucket = ModelWrapper.get_target_2d_bucket_for_prefix_caching(wrapper, *[None] * 13, vertical_dim, horizontal_dim)
+    return [int(b) for b in bucket]
+
+
 CTE_GRID = [[8, 0], [8, 8], [8, 16], [16, 0], [16, 8], [16, 16], [32, 0], [32, 8], [32, 16]]
 
 
@@ -73,23 +88,17 @@ CTE_GRID = [[8, 0], [8, 8], [8, 16], [16, 0], [16, 8], [16, 16], [32, 0], [32, 8
     (17, 24, [32, 16]),
 ])
 def test_cte_bucket_selection_matches_the_release_unit_test(active, prefix, expected):
-    from neuronx_distributed_inference._prefix_caching import target_2d_bucket
-
     assert target_2d_bucket(CTE_GRID, "context_encoding_model", torch.tensor([[active]]),
                             torch.tensor([[prefix]])) == expected
 
 
 @pytest.mark.parametrize("computed,expected", [(7, [1, 8]), (8, [1, 16]), (15, [1, 16]), (16, [1, 32]), (31, [1, 32])])
 def test_tkg_bucket_selection_matches_the_release_unit_test(computed, expected):
-    from neuronx_distributed_inference._prefix_caching import target_2d_bucket
-
     assert target_2d_bucket([[1, 8], [1, 16], [1, 32]], "token_generation_model", torch.tensor([[1]]),
                             torch.tensor([[computed]])) == expected
 
 
 def test_overflows_raise_the_release_errors():
-    from neuronx_distributed_inference._prefix_caching import target_2d_bucket
-
     with pytest.raises(ValueError, match=r"Prefill len 33 exceeds largest bucket \(32\) for context_encoding_model"):
         target_2d_bucket(CTE_GRID, "context_encoding_model", torch.tensor([[33]]), torch.tensor([[0]]))
     with pytest.raises(AssertionError, match="Prefix len 28 exceeds largest bucket 16"):

@@ -3,9 +3,9 @@ aws-neuron/neuronx-distributed-inference cd3abf3 (SDK 2.28.0) does it, on the re
 
 Transcribed from the release:
 
-- ``models/model_wrapper.py`` ``get_target_2d_bucket_for_prefix_caching`` (no EAGLE, no fused speculation): the
-  context-encoding (prefill, prefix) bucket, with the 256 < total <= 512 -> (512, 0) corner case, the
-  "Prefill len N exceeds largest bucket (B) for context_encoding_model" ValueError and the "Prefix len N exceeds
+- ``models/model_wrapper.py`` ``get_target_2d_bucket_for_prefix_caching`` (transcribed in the stand-in's
+  ``ModelWrapper``; no EAGLE, no fused speculation): the context-encoding (prefill, prefix) bucket, with the
+  256 < total <= 512 -> (512, 0) corner case, the "Prefill len N exceeds largest bucket (B) for context_encoding_model" ValueError and the "Prefix len N exceeds
   largest bucket B" AssertionError; token generation: the smallest [1, S] bucket with S > computed_context_len,
   else "Input len ... exceeds largest bucket ... for token_generation_model";
 - ``models/model_base.py`` ``_infer_attention_mask`` (the mask vLLM leaves to NxDI: ``attention_mask=None``) and
@@ -19,8 +19,8 @@ Transcribed from the release:
   position.
 
 The KV cache is ``pa_num_blocks + 1`` blocks of ``pa_block_size`` slots (``BlockKVCacheManager`` reserves one extra
-block for discarded writes); the engine is ``helpers.serving.prefix.PagedTransformer`` (gather by block table, flat
-attention, scatter back, as the NxDI guide describes) at tp_degree=1. A slot outside the cache raises ContractError
+block for discarded writes); the engine is ``helpers.serving.prefix.paged_model``, the reference model over a block
+KV cache (scatter the new positions, gather by block table, flat attention, as the NxDI guide describes) at tp_degree=1. A slot outside the cache raises ContractError
 (on device: an out-of-bounds DMA). Not emulated: padding to the selected bucket (the engine computes the exact
 tokens; outputs are the same), re-encoding of prefix tokens moved into the prefill bucket (their KV is computed but
 not written there: slot -1), batch > 1 in one call, on-device sampling.
@@ -30,8 +30,6 @@ from __future__ import annotations
 import torch
 
 import _neuron_contract as contract
-
-CONTEXT_ENCODING_MODEL_TAG = "context_encoding_model"
 
 
 def infer_attention_mask(position_ids):
@@ -45,52 +43,6 @@ def infer_attention_mask(position_ids):
         position_ids_to_compare = position_ids.expand(batch_size, seq_len) - 1
     mask = torch.arange(seq_len).view(1, -1).expand(batch_size, seq_len)
     return (position_ids_to_compare >= mask).to(dtype=position_ids.dtype)
-
-
-def target_2d_bucket(buckets, tag, vertical_dim, horizontal_dim, allow_input_truncation=False):
-    """models/model_wrapper.py ``get_target_2d_bucket_for_prefix_caching`` ("first_fit", no speculation):
-    ``vertical_dim`` = num_queries (full - computed context lens), ``horizontal_dim`` = computed_context_lens."""
-    buckets = [list(b) for b in buckets]
-    if tag != CONTEXT_ENCODING_MODEL_TAG:
-        horizontal_max, vertical_max = int(torch.max(horizontal_dim)), int(torch.max(vertical_dim))
-        fits = [b for b in buckets if b[1] > horizontal_max and b[0] >= vertical_max]
-        if fits:
-            return min(fits, key=lambda b: b[1])
-        if not allow_input_truncation:
-            raise ValueError(f"Input len {vertical_dim} exceeds largest bucket ({buckets[-1][1]}) for {tag}")
-        return buckets[-1]
-    vertical_dim, horizontal_dim = int(vertical_dim[0][0]), int(horizontal_dim[0][0])
-    prefill_buckets, prefix_buckets = [], []
-    for b in buckets:
-        if b[0] not in prefill_buckets:
-            prefill_buckets.append(b[0])
-        if b[1] not in prefix_buckets:
-            prefix_buckets.append(b[1])
-    total_context = vertical_dim + horizontal_dim
-    if 256 < total_context <= 512:
-        for b in buckets:
-            if b[0] == 512 and b[1] == 0:
-                return b
-    prefill_index = 0
-    for b in prefill_buckets:
-        if vertical_dim > b:
-            prefill_index += 1
-        else:
-            break
-    if prefill_index == len(prefill_buckets):
-        if not allow_input_truncation:
-            raise ValueError(f"Prefill len {vertical_dim} exceeds largest bucket ({prefill_buckets[-1]}) for {tag}")
-        prefill_index = len(prefill_buckets) - 1
-    empty_prefill_slots = max(0, prefill_buckets[prefill_index] - vertical_dim)
-    horizontal_dim = max(0, horizontal_dim - empty_prefill_slots)
-    prefix_index = 0
-    for b in prefix_buckets:
-        if horizontal_dim > b:
-            prefix_index += 1
-        else:
-            break
-    assert prefix_index != len(prefix_buckets), f"Prefix len {horizontal_dim} exceeds largest bucket {prefix_buckets[-1]} for {tag}"
-    return buckets[prefill_index * len(prefix_buckets) + prefix_index]
 
 
 def check_config(neuron_config):
@@ -112,11 +64,11 @@ class PrefixCachingRuntime:
     """The device side: a block KV cache of ``pa_num_blocks + 1`` blocks and the reference engine over it."""
 
     def __init__(self, app, base_model):
-        from helpers.serving.prefix import PagedTransformer
+        from helpers.serving.prefix import paged_model
 
         nc = app.neuron_config
         self.block_size, self.num_blocks = int(nc.pa_block_size), int(nc.pa_num_blocks) + 1
-        self.tr = PagedTransformer(base_model.model, self.num_blocks, self.block_size)
+        self.tr = paged_model(base_model.model, self.num_blocks, self.block_size)
         self.max_blocks = self.num_blocks
 
     def _slots(self, block_table_row, n):
