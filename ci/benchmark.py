@@ -55,9 +55,10 @@ from helpers.engine.model import linear  # noqa: E402
 from helpers.engine.timing import step_seconds  # noqa: E402
 from helpers.planning.dtypes import amp_dtype  # noqa: E402
 
-GOAL = {"amp": "f32", "batch_size": 1, "engine_over_hf": 2.0, "engine_over_roofline": 0.6}
+# The goals (issue "Any fresh CPU"), each checked on the figures of this run:
+GOAL = {"amp": "f32", "batch_size": 1, "engine_over_roofline": 0.8}  # batch-1 decode >= 0.8 of the roofline
 STEP_GOAL = {"amp": "f32", "rows": 8, "max_over_one_row": 1.5}  # a step over 8 rows <= 1.5 x a one-row step
-PREFILL_GOAL = {"amp": "f32", "batch_sizes": (1, 8), "max_engine_over_hf": 1.0}  # prefill no slower than HF
+PREFILL_GOAL = {"amp": "f32", "batch_sizes": (1, 8), "max_engine_over_hf": 0.8}  # prefill <= 0.8 x generate()'s
 TEXT = ("The history of astronomy spans thousands of years, from the first careful records of the night sky "
         "to telescopes in orbit. Early observers tracked the motion of the Sun, the Moon and the planets, "
         "built calendars around them and predicted eclipses. ")
@@ -368,7 +369,7 @@ def step_goal_status(steps: list[dict]) -> dict | None:
 
 
 def prefill_goal_status(results: list[dict]) -> dict | None:
-    """PREFILL_GOAL: the engine's prefill no slower than generate()'s at batch 1 and 8."""
+    """PREFILL_GOAL: the engine's prefill within 0.8 x generate()'s at batch 1 and 8."""
     got = {r["batch_size"]: r["ratios"]["engine_prefill_over_hf"] for r in results
            if r["amp"] == PREFILL_GOAL["amp"] and r["batch_size"] in PREFILL_GOAL["batch_sizes"]}
     if not got:
@@ -378,15 +379,24 @@ def prefill_goal_status(results: list[dict]) -> dict | None:
 
 
 def goal_status(results: list[dict]) -> dict | None:
+    """GOAL for the engine (and the compiled engine): batch-1 decode at >= 0.8 of the roofline. With ``--profile``,
+    the measured bound: the step time the goal allows, what the step's matmuls alone take back to back, and so what
+    the ops between them may take (a goal the matmuls alone miss is out of reach with these kernels)."""
     for r in results:
         if r["amp"] == GOAL["amp"] and r["batch_size"] == GOAL["batch_size"]:
             out = {}
             for name in ("engine", "engine_compiled"):
                 if name in r:
-                    hf, roof = r["ratios"][name + "_over_hf"], r["ratios"][name + "_over_roofline"]
-                    out[name] = {"engine_over_hf": hf, "engine_over_roofline": roof,
-                                 "hf_goal_over_roofline": GOAL["engine_over_hf"] * roof / hf,
-                                 "met": hf >= GOAL["engine_over_hf"] and roof >= GOAL["engine_over_roofline"]}
+                    roof = r["ratios"][name + "_over_roofline"]
+                    out[name] = {"engine_over_hf": r["ratios"][name + "_over_hf"], "engine_over_roofline": roof,
+                                 "met": roof >= GOAL["engine_over_roofline"]}
+            cost = (r.get("profile") or {}).get("pause_cost")
+            if cost and "engine" in out:
+                allowed = 1e3 / (GOAL["engine_over_roofline"] * r["roofline"]["decode_tok_s"])
+                step = 1e3 / r["engine"]["decode_tok_s"]["median"]
+                out["engine"]["bound_ms"] = {"step": step, "allowed_step": allowed, "matmuls_alone": cost["pass_ms"],
+                                             "outside_matmuls": step - cost["pass_ms"],
+                                             "allowed_outside": allowed - cost["pass_ms"]}
             return out
     return None
 
@@ -488,18 +498,23 @@ def main(argv=None) -> int:
         goal = goal_status(results)
         if goal:
             for name, g in goal.items():
-                print(f"\ngoal ({GOAL['amp']}, batch {GOAL['batch_size']}, {name}): engine/HF {g['engine_over_hf']:.2f} "
-                      f"(>= {GOAL['engine_over_hf']}), engine/roofline {g['engine_over_roofline']:.2f} "
-                      f"(>= {GOAL['engine_over_roofline']}): {'met' if g['met'] else 'not met'}")
-                if g["hf_goal_over_roofline"] > 1:
-                    print(f"  here {GOAL['engine_over_hf']} x HF is {g['hf_goal_over_roofline']:.2f} x the roofline: no engine "
-                          "that reads every weight once per token can reach it on this machine")
+                print(f"\ngoal ({GOAL['amp']}, batch {GOAL['batch_size']}, {name}): engine/roofline "
+                      f"{g['engine_over_roofline']:.2f} (>= {GOAL['engine_over_roofline']}; engine/HF "
+                      f"{g['engine_over_hf']:.2f}): {'met' if g['met'] else 'not met'}")
+                if "bound_ms" in g:
+                    b = g["bound_ms"]
+                    print(f"  bound: the goal allows {b['allowed_step']:.1f} ms per step (now {b['step']:.1f}); the step's "
+                          f"matmuls alone take {b['matmuls_alone']:.1f} ms back to back, so the rest may take "
+                          f"{b['allowed_outside']:.1f} ms (now {b['outside_matmuls']:.1f})"
+                          + ("" if b["allowed_outside"] > 0 else ": out of reach with these matmul kernels"))
+                elif not g["met"] and name == "engine":
+                    print("  (--profile measures the bound: what the step's matmuls alone take)")
         sg, pg = step_goal_status(steps), prefill_goal_status(results)
         if sg:
             print(f"\ngoal ({STEP_GOAL['amp']}, a step over {STEP_GOAL['rows']} rows <= {STEP_GOAL['max_over_one_row']} x one row): "
                   + ", ".join(f"{k} {v:.2f}x" for k, v in sg["over_one_row"].items()) + f": {'met' if sg['met'] else 'not met'}")
         if pg:
-            print(f"goal ({PREFILL_GOAL['amp']}, engine prefill <= HF's at batch "
+            print(f"goal ({PREFILL_GOAL['amp']}, engine prefill <= {PREFILL_GOAL['max_engine_over_hf']} x HF's at batch "
                   + " and ".join(map(str, PREFILL_GOAL["batch_sizes"])) + "): "
                   + ", ".join(f"batch {b} {v:.2f}x" for b, v in pg["engine_over_hf"].items())
                   + f": {'met' if pg['met'] else 'not met'}" + ("" if pg["complete"] else " (not every batch size was run)"))

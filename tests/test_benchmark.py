@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "bench.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "ci/benchmark.py"), "--quick", "--json", str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / "ci/benchmark.py"), "--quick", "--profile", "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True)
     print(proc.stdout[-3000:], proc.stderr[-3000:])
     assert proc.returncode == 0
@@ -68,6 +68,23 @@ def test_step_table_and_prefill_ratio(report):
     assert r["ratios"]["engine_prefill_over_hf"] == pytest.approx(r["engine"]["prefill_ms"]["median"] / r["hf"]["prefill_ms"]["median"])
     assert rep["prefill_goal"]["engine_over_hf"] == {"1": r["ratios"]["engine_prefill_over_hf"]}  # JSON keys
     assert not rep["prefill_goal"]["complete"] and "(not every batch size was run)" in text
+
+
+@pytest.mark.slow
+def test_decode_goal_and_its_measured_bound(report):
+    """The batch-1 goal is 0.8 of the roofline; with --profile the run says what that allows per step, what the
+    step's matmuls alone take back to back, and so what the ops between them may take."""
+    rep, text = report
+    (r,) = rep["results"]
+    g = rep["goal"]["engine"]
+    assert g["engine_over_roofline"] == r["ratios"]["engine_over_roofline"]
+    assert g["met"] == (g["engine_over_roofline"] >= 0.8)
+    b = g["bound_ms"]
+    assert b["allowed_step"] == pytest.approx(1e3 / (0.8 * r["roofline"]["decode_tok_s"]))
+    assert b["matmuls_alone"] == r["profile"]["pause_cost"]["pass_ms"] > 0
+    assert b["allowed_outside"] == pytest.approx(b["allowed_step"] - b["matmuls_alone"])
+    assert b["step"] == pytest.approx(1e3 / r["engine"]["decode_tok_s"]["median"])
+    assert f"bound: the goal allows {b['allowed_step']:.1f} ms per step" in text
 
 
 @pytest.mark.slow
