@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..model_store import load_config, load_state_dict, resolve_model_path
-from .sampling import probabilities, validate_sampling_args
+from .sampling import eos_list, probabilities, validate_sampling_args
 
 
 # -- acceptance rules ----------------------------------------------------------------------------
@@ -213,7 +213,7 @@ class SpeculativeGenerator:
         t, k = self.target, self.k
         if sequence_length > t.n_positions:
             raise ValueError(f"sequence_length={sequence_length} exceeds the target's n_positions={t.n_positions}")
-        eos = set() if eos_token_id is None else ({eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id))
+        eos = set(eos_list(eos_token_id))
         t0 = time.perf_counter()
         seq = input_ids.clone()
         logits = t.forward(seq[None])  # context encoding: the target's first token

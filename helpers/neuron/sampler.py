@@ -10,19 +10,12 @@ import time
 import torch
 from transformers import GenerationConfig, StoppingCriteriaList
 
-from ..engine.sampling import validate_input_ids, validate_sampling_args
+from ..engine.sampling import (eos_list, resolve_eos, resolve_pad, start_ids_from_mask, validate_input_ids,
+                               validate_sampling_args)
 from ..engine.stopping import row_flags
 from ..engine.streaming import ForwardingStreamer
 from ..planning.buckets import tnx_token_buckets
 from .settings import NeuronSettings
-
-
-def start_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Left padding -> index of each row's first real token (transformers-neuronx ``start_ids``)."""
-    am = torch.as_tensor(attention_mask)
-    if bool((am[:, 1:] < am[:, :-1]).any()):
-        raise ValueError("attention_mask has padding after a real token: pad on the left")
-    return (am == 0).sum(dim=1)
 
 
 def left_to_right_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_token_id: int):
@@ -142,8 +135,7 @@ class NeuronSampler:
         self.hf_config = hf_config
         self.batch_size = (settings.model_kwargs.get("batch_size") or settings.neuron_config["batch_size"])
         self.stats: dict = {}
-        eos = hf_config.get("eos_token_id")
-        self.eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        self.eos_ids = eos_list(hf_config.get("eos_token_id"))
 
     def sample(self, input_ids, sequence_length: int, start_ids=None, top_k: int = 50, top_p: float = 1.0,
                temperature: float = 1.0, streamer=None, stopping_criteria_list=None, eos_token_override=None,
@@ -180,10 +172,8 @@ class NeuronSampler:
                 attention_mask = (torch.arange(L)[None] >= torch.as_tensor(start_ids).reshape(-1, 1)).long()
         if generator is not None:
             torch.manual_seed(generator.initial_seed())
-        eos = self.eos_ids if eos_token_override is None else (
-            [eos_token_override] if isinstance(eos_token_override, int) else list(eos_token_override))
-        cfg_pad = self.hf_config.get("pad_token_id")
-        pad = pad_token_id if pad_token_id is not None else (cfg_pad if cfg_pad is not None else (eos[0] if eos else 0))
+        eos = resolve_eos(self.eos_ids, eos_token_override)
+        pad = resolve_pad(pad_token_id, self.hf_config.get("pad_token_id"), eos)
         t0 = time.perf_counter()
         run = self._sample_tnx if self.stack == "tnx" else self._sample_nxdi
         seq, tracker, stops = run(input_ids, sequence_length, attention_mask, top_k, top_p, temperature, streamer,
