@@ -181,8 +181,12 @@ class CausalLM:
         """Bytes of the preallocated K and V caches (this rank)."""
         return self._require_built().kv_cache_bytes()
 
+    def _is_built(self) -> bool:
+        """Whether ``to_neuron()`` has run: here, this process holds the built model."""
+        return self.model is not None
+
     def _require_built(self) -> Transformer:
-        if self.model is None:
+        if not self._is_built():
             raise RuntimeError("The model is not built: call .to_neuron() first (as on Neuron).")
         return self.model
 
@@ -263,7 +267,7 @@ class CausalLM:
     def enable_speculative_decoder(self, speculation_length: int) -> None:
         """Build a verification graph that scores ``speculation_length + 1`` tokens in one forward
         (the last accepted token + k draft tokens). As on Neuron, call it before ``to_neuron()``."""
-        if self.model is not None:
+        if self._is_built():
             raise RuntimeError("enable_speculative_decoder(k) must be called before to_neuron(): the "
                                "speculative graph is compiled with the others (transformers-neuronx: same rule)")
         if int(speculation_length) < 1:
