@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import helpers  # noqa: E402
 from helpers.engine import kernel_choice  # noqa: E402
 from helpers.engine import kernels as engine_kernels  # noqa: E402
-from helpers.engine import stream as engine_stream  # noqa: E402
+from helpers.engine import stream_kernel  # noqa: E402
 from helpers.engine import model as engine_model  # noqa: E402
 from helpers.engine.model import linear  # noqa: E402
 from helpers.engine.timing import step_seconds  # noqa: E402
@@ -477,9 +477,9 @@ def main(argv=None) -> int:
                 print(f"  {label:10s} {kernel:8s} ({how})")
             if rec:
                 print(f"  choice: {rec['source']}, {rec['path']}")
-            why = engine_stream.unavailable_reason()
+            why = stream_kernel.unavailable_reason()
             print("  stream kernel: " + (f"unavailable here ({why}), not timed" if why else
-                                         f"built with the system C compiler into {engine_stream.cache_dir()}"))
+                                         f"built with the system C compiler into {stream_kernel.cache_dir()}"))
             machine["matmul_kernels"] = kernels
             machine["matmul_tuning"] = None if rec is None else {"ms": rec["ms"], "source": rec["source"],
                                                                   "path": rec["path"], "key": rec["key"]}

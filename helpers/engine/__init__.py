@@ -6,7 +6,7 @@ Layer: above ``helpers.planning`` and ``helpers.model_store``; imports nothing a
 - ``weights``: one rank's weights: fused, cast, sharded over tp as the GQA layout says
 - ``model``: ``Transformer``, one rank's forward over a fixed-shape KV cache
 - ``kernels``: CPU matmul kernels for f32 steps, timed and chosen by an explicit call
-- ``stream``: the "stream" kernel (``csrc/stream_linear.c``, built at run time): a few rows at the cost of one
+- ``stream_kernel``: the "stream" matmul kernel (``csrc/stream_linear.c``, built at run time): a few rows at the cost of one
 - ``quant``: int8 / fp8 weight storage
 - ``sampling``, ``streaming``, ``stopping``: token selection; the streamer and stopping-criteria contracts
 - ``generation``: ``CausalLM``: buckets, one graph per bucket, ``forward``, ``sample``
