@@ -52,7 +52,7 @@ from helpers.engine import kernels as engine_kernels  # noqa: E402
 from helpers.engine import stream_kernel  # noqa: E402
 from helpers.engine import model as engine_model  # noqa: E402
 from helpers.engine.model import linear  # noqa: E402
-from helpers.engine.timing import step_seconds  # noqa: E402
+from helpers.notebook.timing import step_seconds  # noqa: E402
 from helpers.planning.dtypes import amp_dtype  # noqa: E402
 
 GOAL = {"amp": "f32", "batch_size": 1, "engine_over_hf": 2.0, "engine_over_roofline": 0.6}
@@ -230,7 +230,7 @@ def bench_config(amp: str, batch: int, a, tokenizer, bw: dict, device) -> dict:
 def bench_steps(amp: str, a, device) -> dict:
     """One forward over each row count of ``a.rows``: decode at batch b (a model per batch size) and the
     verification of b tokens of one sequence (a batch-1 model with the speculative graph), all at the slot
-    after the prompt, timed alternately by ``helpers.engine.timing.step_seconds`` (notebook 05 uses it too)."""
+    after the prompt, timed alternately by ``helpers.notebook.timing.step_seconds`` (notebook 05 uses it too)."""
     P, N = a.prompt_tokens, a.new_tokens
 
     def build(batch, spec=0):
