@@ -49,10 +49,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import helpers  # noqa: E402
 from helpers.engine import kernel_choice  # noqa: E402
 from helpers.engine import kernels as engine_kernels  # noqa: E402
-from helpers.engine import stream as engine_stream  # noqa: E402
+from helpers.engine import stream_kernel  # noqa: E402
 from helpers.engine import model as engine_model  # noqa: E402
 from helpers.engine.model import linear  # noqa: E402
-from helpers.engine.timing import step_seconds  # noqa: E402
+from helpers.notebook.timing import step_seconds  # noqa: E402
 from helpers.planning.dtypes import amp_dtype  # noqa: E402
 
 # The goals (issue "Any fresh CPU"), each checked on the figures of this run:
@@ -231,7 +231,7 @@ def bench_config(amp: str, batch: int, a, tokenizer, bw: dict, device) -> dict:
 def bench_steps(amp: str, a, device) -> dict:
     """One forward over each row count of ``a.rows``: decode at batch b (a model per batch size) and the
     verification of b tokens of one sequence (a batch-1 model with the speculative graph), all at the slot
-    after the prompt, timed alternately by ``helpers.engine.timing.step_seconds`` (notebook 05 uses it too)."""
+    after the prompt, timed alternately by ``helpers.notebook.timing.step_seconds`` (notebook 05 uses it too)."""
     P, N = a.prompt_tokens, a.new_tokens
 
     def build(batch, spec=0):
@@ -487,9 +487,9 @@ def main(argv=None) -> int:
                 print(f"  {label:10s} {kernel:8s} ({how})")
             if rec:
                 print(f"  choice: {rec['source']}, {rec['path']}")
-            why = engine_stream.unavailable_reason()
+            why = stream_kernel.unavailable_reason()
             print("  stream kernel: " + (f"unavailable here ({why}), not timed" if why else
-                                         f"built with the system C compiler into {engine_stream.cache_dir()}"))
+                                         f"built with the system C compiler into {stream_kernel.cache_dir()}"))
             machine["matmul_kernels"] = kernels
             machine["matmul_tuning"] = None if rec is None else {"ms": rec["ms"], "source": rec["source"],
                                                                   "path": rec["path"], "key": rec["key"]}

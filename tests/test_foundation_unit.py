@@ -12,8 +12,10 @@ from helpers.notebook.backend import Backend, resolve_backend, run_reference_cel
 from helpers.engine.config import NeuronConfig
 from helpers.planning.dtypes import amp_dtype
 from helpers.prompts import encode_prompts
-from helpers.engine.stopping import PromptOnlyCall, RepeatedNgramCriteria, TokenTracker, TrackedCriteria, fires_at
-from helpers.engine.streaming import TimingStreamer, latency_stats, streaming_overhead
+from helpers.engine.stopping import RepeatedNgramCriteria, TrackedCriteria
+from helpers.engine.streaming import TokenRecorder
+from helpers.notebook.stopping import PromptOnlyCall, fires_at
+from helpers.notebook.streaming import TimingStreamer, latency_stats, streaming_overhead
 from tiny_models import write_tiny
 
 
@@ -169,7 +171,7 @@ def test_prompts_fill_the_fixed_batch(tokenizer):
 
 # -- streaming ----------------------------------------------------------------------------------
 def test_timing_streamer_records_and_forwards():
-    inner = TokenTracker()
+    inner = TokenRecorder()
     s = TimingStreamer(inner=inner)
     for t in range(3):
         s.put(torch.tensor([[t], [t + 10]]))
@@ -207,7 +209,7 @@ def test_repeated_ngram_criteria():
 def test_tracked_criteria_see_generated_ids_and_stay_done(tokenizer):
     prompt = tokenizer(["Hello\n", "Hi there"], return_tensors="pt", padding=True).input_ids
     crit = StoppingCriteriaList([StopStringCriteria(tokenizer, ["."])])
-    tracker = TokenTracker()
+    tracker = TokenRecorder()
     tracked = TrackedCriteria(crit, tracker, prompt)
     dot = tokenizer.encode(".")[0]
     word = tokenizer.encode(" ok")[0]

@@ -6,9 +6,8 @@ import torch
 
 import helpers
 from helpers.engine.speculative import (ModelDraft, PromptLookupDraft, SpeculativeGenerator, accept_always_broken,
-                                 accept_greedy, accept_rejection, expected_tokens_per_round,
-                                 first_emitted_distribution, tv_bound, tv_distance, two_sample_tv_bound,
-                                 write_truncated_draft)
+                                 accept_greedy, accept_rejection, expected_tokens_per_round, write_truncated_draft)
+from helpers.notebook.speculation import first_emitted_distribution, tv_bound, tv_distance, two_sample_tv_bound
 from tiny_models import write_tiny
 
 V, K, N = 6, 3, 20000
@@ -153,7 +152,7 @@ class _Speculating:
 
 
 def test_sampler_sweep_k_through_sample_only(tmp_path):
-    from helpers.engine.speculative import sampler_sweep_k
+    from helpers.notebook.speculation import sampler_sweep_k
 
     write_tiny(tmp_path / "t", num_hidden_layers=3)
     draft_path = write_truncated_draft(tmp_path / "t", 1, tmp_path / "d")

@@ -1,4 +1,4 @@
-"""The "stream" kernel (helpers.engine.stream): it computes F.linear for any row count, thread count, bias and
+"""The "stream" kernel (helpers.engine.stream_kernel): it computes F.linear for any row count, thread count, bias and
 input shape; it is built once into the cache; where it cannot be built, it says why and the engine's kernel
 choice leaves it out."""
 import os
@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from helpers.engine import kernels as E
-from helpers.engine import stream
+from helpers.engine import stream_kernel
 
-needs_stream = pytest.mark.skipif(stream.load() is None, reason=f"stream kernel unavailable: {stream.unavailable_reason()}")
+needs_stream = pytest.mark.skipif(stream_kernel.load() is None, reason=f"stream kernel unavailable: {stream_kernel.unavailable_reason()}")
 
 
 @needs_stream
@@ -23,48 +23,48 @@ def test_stream_linear_is_f_linear(rows, threads):
     w = torch.randn(80, 96, generator=g)  # 5 blocks of 16 output columns (not a multiple of the threads)
     b = torch.randn(80, generator=g)
     x = torch.randn(rows, 96, generator=g)
-    wp = stream.stream_layout(E.column_major(w))
+    wp = stream_kernel.stream_layout(E.column_major(w))
     assert wp.shape == (5, 96, 16) and wp.is_contiguous()
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        assert torch.allclose(stream.stream_linear(x, wp), F.linear(x, w), atol=1e-4, rtol=1e-4)
-        assert torch.allclose(stream.stream_linear(x, wp, b), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+        assert torch.allclose(stream_kernel.stream_linear(x, wp), F.linear(x, w), atol=1e-4, rtol=1e-4)
+        assert torch.allclose(stream_kernel.stream_linear(x, wp, b), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
         x3 = x.reshape(1, rows, 96).transpose(0, 1)  # [rows, 1, 96], non-contiguous
-        assert torch.allclose(stream.stream_linear(x3, wp), F.linear(x3, w), atol=1e-4, rtol=1e-4)
+        assert torch.allclose(stream_kernel.stream_linear(x3, wp), F.linear(x3, w), atol=1e-4, rtol=1e-4)
     finally:
         torch.set_num_threads(before)
 
 
 @needs_stream
 def test_stream_layout_needs_whole_blocks_and_refuses_a_mismatch():
-    assert stream.stream_layout(torch.randn(50, 32)) is None
-    wp = stream.stream_layout(torch.randn(32, 24))
+    assert stream_kernel.stream_layout(torch.randn(50, 32)) is None
+    wp = stream_kernel.stream_layout(torch.randn(32, 24))
     with pytest.raises(ValueError, match="stream_linear: x"):
-        stream.stream_linear(torch.randn(2, 32), wp)
+        stream_kernel.stream_linear(torch.randn(2, 32), wp)
     with pytest.raises(ValueError, match="stream_linear: x"):
-        stream.stream_linear(torch.randn(2, 24, dtype=torch.float64), wp)
+        stream_kernel.stream_linear(torch.randn(2, 24, dtype=torch.float64), wp)
 
 
 @needs_stream
 def test_built_once_into_the_cache(tmp_path, monkeypatch):
     """The library lives in the one cache home, helpers.model_store.cache_dir() ($NEURON_NB_CACHE), under kernels/."""
     monkeypatch.setenv("NEURON_NB_CACHE", str(tmp_path))
-    monkeypatch.setattr(stream, "_state", {})
-    assert stream.load() is not None and stream.unavailable_reason() is None
+    monkeypatch.setattr(stream_kernel, "_state", {})
+    assert stream_kernel.load() is not None and stream_kernel.unavailable_reason() is None
     (built,) = (tmp_path / "kernels").glob("stream_linear-*.so")
     stamp = built.stat().st_mtime_ns
-    monkeypatch.setattr(stream, "_state", {})
-    assert stream.load() is not None and built.stat().st_mtime_ns == stamp  # reused, not rebuilt
+    monkeypatch.setattr(stream_kernel, "_state", {})
+    assert stream_kernel.load() is not None and built.stat().st_mtime_ns == stamp  # reused, not rebuilt
 
 
 def test_without_a_compiler_it_says_why_and_is_left_out(tmp_path, monkeypatch):
     monkeypatch.setenv("NEURON_NB_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "no-such-cc")
-    monkeypatch.setattr(stream, "_state", {})
+    monkeypatch.setattr(stream_kernel, "_state", {})
     for env in E.MATMUL_ENV.values():
         monkeypatch.delenv(env, raising=False)
-    assert stream.load() is None and "no-such-cc" in stream.unavailable_reason()
+    assert stream_kernel.load() is None and "no-such-cc" in stream_kernel.unavailable_reason()
     assert not E.kernel_available("stream") and "stream" not in E.default_kernels().values()
     w = E.CpuWeight.build(torch.randn(32, 16), {}, E.COPIES)
     assert not any("stream" in E.candidates(case, [w], 2) for case in E.MATMUL_KERNELS)
@@ -76,10 +76,10 @@ def test_without_a_compiler_it_says_why_and_is_left_out(tmp_path, monkeypatch):
 
 def test_a_library_that_does_not_load_is_reported_not_raised(tmp_path, monkeypatch):
     monkeypatch.setenv("NEURON_NB_CACHE", str(tmp_path))
-    monkeypatch.setattr(stream, "_state", {})
-    bad = stream.library_path(os.environ.get("CC") or "cc")  # e.g. a cache shared with another machine
+    monkeypatch.setattr(stream_kernel, "_state", {})
+    bad = stream_kernel.library_path(os.environ.get("CC") or "cc")  # e.g. a cache shared with another machine
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"not a shared library")
     if shutil.which(os.environ.get("CC") or "cc") is None or platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("no compiler or not x86-64: the library is never loaded here")
-    assert stream.load() is None and "could not load" in stream.unavailable_reason()
+    assert stream_kernel.load() is None and "could not load" in stream_kernel.unavailable_reason()

@@ -1,7 +1,7 @@
-"""helpers.engine.streaming: the streamers notebook 03 uses on both stacks."""
+"""helpers.notebook.streaming: the streamers notebook 03 uses on both stacks."""
 import torch
 
-from helpers.engine.streaming import PutRecorder, TimingStreamer, latency_stats
+from helpers.notebook.streaming import PutRecorder, TimingStreamer, latency_stats
 
 
 def test_put_recorder_tells_the_calling_conventions_apart():

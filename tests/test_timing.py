@@ -1,10 +1,10 @@
-"""helpers.engine.timing: the step measurement behind the benchmark's step table and notebook 05's cost model.
+"""helpers.notebook.timing: the step measurement behind the benchmark's step table and notebook 05's cost model.
 Timings are noisy, so the tests check what does not depend on load: which steps run, their shapes and bookkeeping,
 and the refusals."""
 import pytest
 
 import helpers
-from helpers.engine import timing
+from helpers.notebook import timing
 
 
 @pytest.fixture(scope="module")

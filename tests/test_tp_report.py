@@ -74,9 +74,7 @@ class FakeLibrary:
     def __init__(self, wrong=None):
         self.builds, self.wrong = [], wrong
 
-    def __call__(self, build, tp, enc, max_new_tokens, repeats=1, **settings):
-        nc = settings.get("neuron_config")
-        gqa = getattr(nc, "group_query_attention", None)
+    def __call__(self, build, tp, enc, max_new_tokens, repeats=1, gqa=None, **settings):
         self.builds.append((tp, settings["batch_size"], getattr(gqa, "value", gqa)))
         tokens = torch.cat([enc.input_ids, torch.full((enc.input_ids.shape[0], max_new_tokens), 3)], dim=1)
         if (tp, getattr(gqa, "value", gqa)) == self.wrong:
@@ -143,7 +141,7 @@ def test_workload_plans_large_batch_shards_over_batch():
 
 
 class FakeEngine:
-    """run_generation stand-in: one KV head-row per rank costs 1 MiB; SHARD_OVER_BATCH is slower (all-to-all)."""
+    """run_greedy stand-in on the reference engine: one KV head-row per rank costs 1 MiB; SHARD_OVER_BATCH is slower (all-to-all)."""
 
     def __init__(self):
         self.builds = []
@@ -162,7 +160,7 @@ def test_strategy_sweep_and_costs_per_workload(monkeypatch, tokenizer):
     from helpers.planning.gqa import GQA
 
     fake = FakeEngine()
-    monkeypatch.setattr(tp_report, "run_generation", fake)
+    monkeypatch.setattr(tp_report, "run_greedy", fake)
     encode = lambda b: encode_prompts(tokenizer, ["Hi."], b)  # noqa: E731
     rows = tp_report.strategy_sweep(None, SMOLLM2, [1, 3], [1, 3], encode, 3, requests=tp_report.TNX_REQUESTS,
                                     extra_cases=[(3, 3, GQA.SHARD_OVER_BATCH)])  # already in the grid: not repeated

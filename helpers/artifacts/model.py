@@ -14,6 +14,9 @@ from .graphs import artifact_mode
 from .serialization import (check_saved, compile_to, from_compiled, graph_fields, load_presharded, rank_graphs, save,
                             saved_kernels)
 
+LOAD_AFTER_BUILD = ("load() must come before to_neuron() (as in transformers-neuronx): construct the model again, "
+                    "call load(dir), then to_neuron()")
+
 
 class NeuronModel(CausalLM):
     """A causal LM built like a Neuron model. Prefer the aliases ``LlamaForSampling`` /
@@ -91,9 +94,8 @@ class NeuronModel(CausalLM):
         """transformers-neuronx ``load(dir)``: call before ``to_neuron()``, which then loads the saved graphs
         instead of compiling. Refuses now, before any weight is read, a directory saved for another model,
         bucket set, batch, tp degree, dtype or torch version, or with a changed file."""
-        if self.model is not None:
-            raise RuntimeError("load() must come before to_neuron() (as in transformers-neuronx): construct the "
-                               "model again, call load(dir), then to_neuron()")
+        if self._is_built():
+            raise RuntimeError(LOAD_AFTER_BUILD)
         check_saved(self, directory)
         self._artifacts_dir = str(directory)
         return self

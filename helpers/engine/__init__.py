@@ -6,10 +6,13 @@ Layer: above ``helpers.planning`` and ``helpers.model_store``; imports nothing a
 - ``weights``: one rank's weights: fused, cast, sharded over tp as the GQA layout says
 - ``model``: ``Transformer``, one rank's forward over a fixed-shape KV cache
 - ``kernels``: CPU matmul kernels for f32 steps, timed and chosen by an explicit call
-- ``stream``: the "stream" kernel (``csrc/stream_linear.c``, built at run time): a few rows at the cost of one
+- ``stream_kernel``: the "stream" matmul kernel (``csrc/stream_linear.c``, built at run time): a few rows at the cost of one
 - ``quant``: int8 / fp8 weight storage
-- ``sampling``, ``streaming``, ``stopping``: token selection; the streamer and stopping-criteria contracts
+- ``sampling``, ``streaming``, ``stopping``: token selection and the defaults of ``sample()``; the streamer and
+  stopping-criteria contracts (one token recorder, the transformers-neuronx #75 workaround)
 - ``generation``: ``CausalLM``: buckets, one graph per bucket, ``forward``, ``sample``
-- ``timing``: what one forward costs by the rows it carries (decode at batch b, verification of k + 1 tokens)
 - ``speculative``: draft + target with k-token verification, and its analytic model
+
+What the notebooks measure with it (step times, streaming latency, criteria runs, speculation sweeps and
+distribution checks) is on the notebook floor, ``helpers.notebook``.
 """

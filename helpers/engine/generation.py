@@ -26,7 +26,8 @@ from .kernel_choice import use_cpu_kernels
 from .kv_cache import KVCache
 from .model import Comm, Transformer, build_mask
 from .quant import check_quant_config, quantize_model
-from .sampling import select_next_tokens, validate_input_ids, validate_sampling_args
+from .sampling import (resolve_eos, resolve_pad, select_next_tokens, start_ids_from_mask, validate_input_ids,
+                       validate_sampling_args)
 from .stopping import row_flags
 from .weights import RankWeights, move_weights, shard_state
 
@@ -180,8 +181,12 @@ class CausalLM:
         """Bytes of the preallocated K and V caches (this rank)."""
         return self._require_built().kv_cache_bytes()
 
+    def _is_built(self) -> bool:
+        """Whether ``to_neuron()`` has run: here, this process holds the built model."""
+        return self.model is not None
+
     def _require_built(self) -> Transformer:
-        if self.model is None:
+        if not self._is_built():
             raise RuntimeError("The model is not built: call .to_neuron() first (as on Neuron).")
         return self.model
 
@@ -262,7 +267,7 @@ class CausalLM:
     def enable_speculative_decoder(self, speculation_length: int) -> None:
         """Build a verification graph that scores ``speculation_length + 1`` tokens in one forward
         (the last accepted token + k draft tokens). As on Neuron, call it before ``to_neuron()``."""
-        if self.model is not None:
+        if self._is_built():
             raise RuntimeError("enable_speculative_decoder(k) must be called before to_neuron(): the "
                                "speculative graph is compiled with the others (transformers-neuronx: same rule)")
         if int(speculation_length) < 1:
@@ -290,11 +295,7 @@ class CausalLM:
     def _start_ids(self, input_ids, start_ids, attention_mask):
         B = input_ids.shape[0]
         if start_ids is None and attention_mask is not None:
-            am = attention_mask.to(self.device)
-            if bool((am[:, 1:] < am[:, :-1]).any()):
-                raise ValueError("attention_mask has padding after a real token: pad on the left "
-                                 "(tokenizer.padding_side = 'left')")
-            start_ids = (am == 0).sum(dim=1)
+            start_ids = start_ids_from_mask(attention_mask.to(self.device))
         if start_ids is None:
             return torch.zeros(B, dtype=torch.long, device=self.device)
         return torch.as_tensor(start_ids, dtype=torch.long, device=self.device).reshape(B)
@@ -329,10 +330,8 @@ class CausalLM:
             raise ValueError(f"The prompt has {L} tokens and sequence_length={sequence_length} leaves no room "
                              "to generate: sequence_length counts prompt + new tokens.")
         start = self._start_ids(input_ids, start_ids, attention_mask)
-        eos = self.args.eos_ids if eos_token_override is None else (
-            [eos_token_override] if isinstance(eos_token_override, int) else list(eos_token_override))
-        pad = pad_token_id if pad_token_id is not None else (
-            self.args.pad_token_id if self.args.pad_token_id is not None else (eos[0] if eos else 0))
+        eos = resolve_eos(self.args.eos_ids, eos_token_override)
+        pad = resolve_pad(pad_token_id, self.args.pad_token_id, eos)
         eos_t = torch.tensor(eos, device=self.device, dtype=torch.long)
 
         t0 = time.perf_counter()

@@ -29,7 +29,7 @@ import torch
 
 from ..model_store import cache_dir
 from . import kernels as K
-from . import stream
+from . import stream_kernel
 
 FORMAT = 1
 # ISA features that decide a matmul kernel's speed (printed by ci/benchmark.py); the cache key hashes every flag
@@ -69,7 +69,7 @@ def machine_key(threads: int | None = None) -> dict:
     return {"format": FORMAT, "cpu": info["model"], "machine": info["machine"], "flags": info["flags_sha256"],
             "threads": torch.get_num_threads() if threads is None else threads, "torch": torch.__version__,
             "available": sorted({k for ks in K.MATMUL_KERNELS.values() for k in ks if K.kernel_available(k)}),
-            "stream_source": hashlib.sha256(stream.SOURCE.read_bytes()).hexdigest()[:16],
+            "stream_source": hashlib.sha256(stream_kernel.SOURCE.read_bytes()).hexdigest()[:16],
             "shapes": hashlib.sha256(json.dumps([SHAPES, K.MATMUL_TUNE_ROWS, K.FEW_ROWS]).encode()).hexdigest()[:16]}
 
 

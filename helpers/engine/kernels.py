@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from . import stream
+from . import stream_kernel as stream
 
 
 def column_major(t: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Token selection for ``sample()``: transformers' own logits warpers, then one draw.
+"""Token selection for ``sample()``: transformers' own logits warpers, then one draw; and the defaults every
+``sample()`` resolves the same way (the reference engine's and ``helpers.neuron``'s): EOS, pad, start ids.
 
 Greedy is ``top_k=1`` (argmax, as transformers-neuronx users write it); otherwise
 temperature -> top-k -> top-p (the order of transformers' generate) and a multinomial draw
@@ -38,6 +39,34 @@ def validate_input_ids(input_ids, vocab_size: int) -> torch.Tensor:
         raise ValueError(f"input_ids holds token id {int(ids[bad][0])} outside the vocabulary [0, {vocab_size}): "
                          "was the prompt encoded with this model's tokenizer?")
     return ids.long()
+
+
+def eos_list(eos_token_id) -> list[int]:
+    """An ``eos_token_id`` as configs and callers give it (None, one id or several) as a list of ids."""
+    return [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
+
+
+def resolve_eos(model_eos: list[int], eos_token_override=None) -> list[int]:
+    """The ids that end a row: the model's, unless ``eos_token_override`` (one id or several; ``[]``: none)."""
+    return model_eos if eos_token_override is None else eos_list(eos_token_override)
+
+
+def resolve_pad(pad_token_id: int | None, config_pad: int | None, eos: list[int]) -> int:
+    """What finished rows are padded with: ``pad_token_id``, else the config's, else the first EOS id, else 0."""
+    if pad_token_id is not None:
+        return pad_token_id
+    if config_pad is not None:
+        return config_pad
+    return eos[0] if eos else 0
+
+
+def start_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Left padding -> index of each row's first real token (transformers-neuronx ``start_ids``)."""
+    am = torch.as_tensor(attention_mask)
+    if bool((am[:, 1:] < am[:, :-1]).any()):
+        raise ValueError("attention_mask has padding after a real token: pad on the left "
+                         "(tokenizer.padding_side = 'left')")
+    return (am == 0).sum(dim=1)
 
 
 def warpers(top_k: int, top_p: float, temperature: float) -> LogitsProcessorList:

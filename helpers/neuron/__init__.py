@@ -9,11 +9,12 @@ The SDK itself is imported only inside the functions that call it: this package 
 - ``build``: :func:`build_neuron_model` (compile or load), checkpoints the pinned transformers read
 - ``sampler``: ``NeuronSampler.sample()`` with the reference engine's signature on both stacks
 """
+from ..engine.sampling import start_ids_from_mask
 from .build import (build_neuron_model, check_nxdi_compiled_dir, default_compiled_dir, neuron_model_dir,
                     nxdi_generation_adapter, read_hf_config)
 from .runtime import (FAMILIES, STACK_NAMES, STACKS, check_tp_degree, check_visible_cores, configure_neuron_runtime,
                       detect_instance_family, installed_stacks, library_version, neuron_runtime_env, omp_threads_for)
-from .sampler import NeuronSampler, finish_rows, greedy_token_acceptor, left_to_right_padding, start_ids_from_mask
+from .sampler import NeuronSampler, finish_rows, greedy_token_acceptor, left_to_right_padding
 from .settings import (NEURON_QUANT_MODES, NXDI_NEURON_CONFIG_KEYS, NeuronSettings, neuron_quant_settings,
                        neuron_settings)
 

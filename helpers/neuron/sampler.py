@@ -10,19 +10,12 @@ import time
 import torch
 from transformers import GenerationConfig, StoppingCriteriaList
 
-from ..engine.sampling import validate_input_ids, validate_sampling_args
-from ..engine.stopping import row_flags
-from ..engine.streaming import ForwardingStreamer
+from ..engine.sampling import (eos_list, resolve_eos, resolve_pad, start_ids_from_mask, validate_input_ids,
+                               validate_sampling_args)
+from ..engine.stopping import TrackedCriteria
+from ..engine.streaming import TokenRecorder
 from ..planning.buckets import tnx_token_buckets
 from .settings import NeuronSettings
-
-
-def start_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Left padding -> index of each row's first real token (transformers-neuronx ``start_ids``)."""
-    am = torch.as_tensor(attention_mask)
-    if bool((am[:, 1:] < am[:, :-1]).any()):
-        raise ValueError("attention_mask has padding after a real token: pad on the left")
-    return (am == 0).sum(dim=1)
 
 
 def left_to_right_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_token_id: int):
@@ -32,49 +25,6 @@ def left_to_right_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor,
         n = input_ids.shape[1] - n_pad
         ids[r, :n], mask[r, :n] = input_ids[r, n_pad:], 1
     return ids, mask
-
-
-class _TimingStreamer(ForwardingStreamer):
-    """Wraps the user's streamer: records each put ([B, 1] per step on tnx) and its time."""
-
-    def __init__(self, inner, t0: float):
-        super().__init__(inner)
-        self.t0, self.tokens, self.times = t0, [], []
-
-    def record(self, value):
-        self.tokens.append(torch.as_tensor(value).reshape(-1, 1).cpu())
-        self.times.append(time.perf_counter() - self.t0)
-
-
-class _RowStops:
-    """Calls the user's stopping criteria and records, per row, how many new tokens it had when a
-    criterion first fired (the reference engine stops rows one by one; the libraries do not)."""
-
-    def __init__(self, criteria, prompt_len: int, batch: int):
-        self.criteria, self.prompt_len = criteria, prompt_len
-        self.stop_at = [None] * batch
-
-    def __call__(self, ids, scores, **kwargs) -> torch.Tensor:
-        flags = row_flags(self.criteria(ids, scores), len(self.stop_at)).cpu()
-        for r, hit in enumerate(flags.tolist()):
-            if hit and self.stop_at[r] is None:
-                self.stop_at[r] = ids.shape[1] - self.prompt_len
-        return torch.tensor([s is not None for s in self.stop_at])
-
-
-class _TnxCriteria(_RowStops):
-    """transformers-neuronx calls ``stopping_criteria_list(input_ids, probs)`` with the *prompt* and
-    breaks when the result is truthy (sampling.py sample_loop_llama; aws-neuron/transformers-neuronx#75).
-    Call the user's criteria with prompt + tokens generated so far and stop when every row is done:
-    the same meaning as the reference engine."""
-
-    def __init__(self, criteria, prompt: torch.Tensor, tracker: _TimingStreamer):
-        super().__init__(criteria, prompt.shape[1], prompt.shape[0])
-        self.prompt, self.tracker = prompt, tracker
-
-    def __call__(self, input_ids, scores, **kwargs) -> bool:
-        ids = torch.cat([self.prompt, *self.tracker.tokens], dim=1)
-        return bool(super().__call__(ids, scores).all())
 
 
 class _BlockStreamer:
@@ -142,8 +92,7 @@ class NeuronSampler:
         self.hf_config = hf_config
         self.batch_size = (settings.model_kwargs.get("batch_size") or settings.neuron_config["batch_size"])
         self.stats: dict = {}
-        eos = hf_config.get("eos_token_id")
-        self.eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        self.eos_ids = eos_list(hf_config.get("eos_token_id"))
 
     def sample(self, input_ids, sequence_length: int, start_ids=None, top_k: int = 50, top_p: float = 1.0,
                temperature: float = 1.0, streamer=None, stopping_criteria_list=None, eos_token_override=None,
@@ -180,10 +129,8 @@ class NeuronSampler:
                 attention_mask = (torch.arange(L)[None] >= torch.as_tensor(start_ids).reshape(-1, 1)).long()
         if generator is not None:
             torch.manual_seed(generator.initial_seed())
-        eos = self.eos_ids if eos_token_override is None else (
-            [eos_token_override] if isinstance(eos_token_override, int) else list(eos_token_override))
-        cfg_pad = self.hf_config.get("pad_token_id")
-        pad = pad_token_id if pad_token_id is not None else (cfg_pad if cfg_pad is not None else (eos[0] if eos else 0))
+        eos = resolve_eos(self.eos_ids, eos_token_override)
+        pad = resolve_pad(pad_token_id, self.hf_config.get("pad_token_id"), eos)
         t0 = time.perf_counter()
         run = self._sample_tnx if self.stack == "tnx" else self._sample_nxdi
         seq, tracker, stops = run(input_ids, sequence_length, attention_mask, top_k, top_p, temperature, streamer,
@@ -226,7 +173,7 @@ class NeuronSampler:
 
     def _sample_tnx(self, input_ids, sequence_length, attention_mask, top_k, top_p, temperature, streamer,
                     criteria, eos, pad, t0):
-        tracker = _TimingStreamer(streamer, t0)
+        tracker = TokenRecorder(streamer, start=t0)  # the user's streamer behind it: each put and its time
         start_ids = start_ids_from_mask(attention_mask)
         if self.draft is not None:
             return self._speculate_tnx(input_ids, sequence_length, attention_mask, criteria, eos, pad, tracker)
@@ -237,7 +184,10 @@ class NeuronSampler:
             kwargs["eos_token_override"] = eos if eos else -1  # -1: no EOS stop (never sampled)
         stops = None
         if criteria is not None:
-            stops = kwargs["stopping_criteria_list"] = _TnxCriteria(criteria, input_ids, tracker)
+            # transformers-neuronx calls stopping_criteria_list(input_ids, probs) with the *prompt* and breaks when
+            # the result is truthy (sampling.py sample_loop_llama; aws-neuron/transformers-neuronx#75): the
+            # criteria see prompt + the tokens generated so far, and the loop stops when every row is done
+            stops = kwargs["stopping_criteria_list"] = TrackedCriteria(criteria, tracker, input_ids, as_bool=True)
         return self.model.sample(input_ids, sequence_length, **kwargs), tracker, stops
 
     def _speculate_tnx(self, input_ids, sequence_length, attention_mask, criteria, eos, pad, tracker):
@@ -290,7 +240,7 @@ class NeuronSampler:
         stops = None
         if criteria is not None:
             # NxDI calls each criterion as criterion(ids_so_far, None): no scores (hf_adapter.py _sample).
-            stops = _RowStops(criteria, ids.shape[1], ids.shape[0])
+            stops = TrackedCriteria(criteria, None, ids)
             kwargs["stopping_criteria"] = StoppingCriteriaList([stops])
         if self.draft is not None:
             # Unfused speculation as utils/accuracy.py does it: the draft proposes as many tokens as the target
@@ -305,7 +255,7 @@ class NeuronSampler:
         with _model_eos(self.model, eos):
             out = self.model.generate(ids, **kwargs)
         new = out[:, ids.shape[1]:sequence_length]
-        tracker = _TimingStreamer(streamer, t0)
+        tracker = TokenRecorder(streamer, start=t0)
         for j in range(new.shape[1]):  # emitted only now: NxDI drives no per-token streamer
             tracker.put(new[:, j:j + 1])
         tracker.end()

@@ -9,6 +9,8 @@ Layer: the top floor; may import every layer below (``helpers.parallel``, ``help
 - ``sharding``: tensor-parallel and GQA-sharding runs, tables and drawings (notebooks 01, 02)
 - ``bucket_bench``: TTFT and per-position latency per bucket (notebook 07)
 - ``evaluate``: perplexity, greedy agreement, decode speed (notebooks 05, 06)
+- ``streaming``, ``stopping``, ``speculation``, ``timing``: the measurements of notebooks 03, 04 and 05 (token
+  latency, criteria runs, speculation sweeps and distribution checks, the cost of one step by the rows it carries)
 - ``lmi``: the DJL LMI ``serving.properties`` of the notebook's settings
 - ``metrics``, ``provenance``: the figures a notebook writes, and what produced them
 """

@@ -1,7 +1,7 @@
 """Measurements behind notebook 07 (bucketing): time to first token per prompt length, per-token
 latency per KV position, and the build cost of each graph.
 
-Timings come from a :class:`~helpers.engine.streaming.TimingStreamer` (one ``put`` per generated token),
+Timings come from a :class:`~helpers.notebook.streaming.TimingStreamer` (one ``put`` per generated token),
 so they work with any model that has transformers-neuronx's ``sample()``: the reference engine
 and ``LlamaForSampling`` on Neuron. NxD Inference's generate adapter hands the streamer every token only
 after ``generate`` returns (``stats['ttft_s']`` is None): there TTFT is the time of a one-token generation
@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..engine.streaming import TimingStreamer
 from ..planning.buckets import tnx_find
+from .streaming import TimingStreamer
 
 NO_EOS = -1
 

@@ -7,6 +7,7 @@ import warnings
 import torch
 
 from ..engine.config import NeuronConfig
+from ..engine.generation import CausalLM
 from ..engine.weights import weight_breakdown
 from ..neuron.runtime import check_tp_degree
 from ..planning.gqa import GQA, TNX_GUIDE_WORKLOAD, NxDIGQA, library_default, resolve_layout, round_up
@@ -32,46 +33,6 @@ def rank_memory(model) -> list[dict]:
              "kv_bytes": model.kv_cache_bytes, "kv_cache_shape": list(m.cache.k.shape),
              "q_heads": list(layout.q_heads[0]) if layout else list(range(model.args.n_heads)),
              "kv_heads": list(layout.kv_heads[0]) if layout else list(range(model.args.n_kv_heads))}]
-
-
-def run_generation(build, tp: int, enc, max_new_tokens: int, repeats: int = 1, gqa=None,
-                   measure_collectives: bool = False, threads_per_rank: int | None = None, **build_kw) -> dict:
-    """Build at ``tp`` with ``build(tp_degree=tp, neuron_config=..., **build_kw)`` (the notebook's
-    ``helpers.build_model`` with its settings bound), generate greedily (``repeats`` timed runs), score the
-    prompt; then free the ranks. ``build_kw``: per-call settings such as ``batch_size``.
-
-    ``threads_per_rank``: CPU threads each rank computes with (tp=1 included), like one NeuronCore per rank.
-    """
-    before = torch.get_num_threads()
-    if threads_per_rank:  # ranks take the driver's threads // tp at build time; tp=1 runs here
-        torch.set_num_threads(threads_per_rank * tp)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model = build(tp_degree=tp, neuron_config=NeuronConfig(group_query_attention=gqa), **build_kw)
-    if threads_per_rank:
-        torch.set_num_threads(threads_per_rank)
-    try:
-        ids, mask = enc.input_ids, enc.attention_mask
-        seq = ids.shape[1] + max_new_tokens
-        tokens, itls, ttfts = None, [], []
-        for _ in range(max(1, repeats)):
-            tokens = model.sample(ids, seq, top_k=1, attention_mask=mask)
-            t = model.stats["token_times_s"]
-            ttfts.append(t[0])
-            itls.append(statistics.median(b - a for a, b in zip(t, t[1:])) if len(t) > 1 else float("nan"))
-        logits = model.forward(ids, start_ids=(mask == 0).sum(1))
-        out = {"tp": tp, "tokens": tokens, "logits": logits, "itl_s": statistics.median(itls),
-               "ttft_s": statistics.median(ttfts), "itl_samples_s": itls, "ttft_samples_s": ttfts, "build_s": getattr(model, "load_s", float("nan")),
-               "ranks": rank_memory(model), "warnings": [str(w.message) for w in caught],
-               "layout": getattr(model, "layout", None)}
-        if measure_collectives and hasattr(model, "all_reduce_latency"):
-            out["all_reduce_s"] = model.all_reduce_latency()
-            out["collectives_per_step"] = model.collectives_per_step
-        return out
-    finally:
-        torch.set_num_threads(before)
-        if hasattr(model, "close"):
-            model.close()
 
 
 def neuron_tp_degrees(tp_degrees, instance_family: str | None = None) -> tuple[list[int], dict[int, str]]:
@@ -112,12 +73,30 @@ def off_neuron_degrees(tp_degrees) -> list[int]:
     return [int(t) for t in tp_degrees if int(t) not in valid]
 
 
-def run_greedy(build, tp: int, enc, max_new_tokens: int, repeats: int = 1, **build_kw) -> dict:
-    """Build at ``tp`` with ``build(tp_degree=tp, **build_kw)`` (``helpers.build_model`` on any backend, the
-    Neuron libraries included) and generate greedily, ``repeats`` timed runs. Only what ``sample()`` and its
-    ``stats`` give: the tokens, the median inter-token latency and TTFT (None where the library times no token:
-    NxD Inference's adapter), and the median wall time per new token, prompt encoding included."""
-    model = build(tp_degree=tp, **build_kw)
+def run_greedy(build, tp: int, enc, max_new_tokens: int, repeats: int = 1, gqa=None, measure_collectives: bool = False,
+               threads_per_rank: int | None = None, **build_kw) -> dict:
+    """Build at ``tp`` with ``build(tp_degree=tp, **build_kw)`` (``helpers.build_model`` with the notebook's settings
+    bound, on any backend, the Neuron libraries included; ``gqa``: a GQA request, passed as
+    ``neuron_config=NeuronConfig(group_query_attention=gqa)``), generate greedily, ``repeats`` timed runs, then free
+    the ranks. ``build_kw``: per-call settings such as ``batch_size``.
+
+    What ``sample()`` and its ``stats`` give on every backend: the tokens, the median inter-token latency and TTFT
+    (None where the library times no token: NxD Inference's adapter), the median wall time per new token, prompt
+    encoding included, each with its per-repeat samples, the build's seconds and its warnings. On the reference
+    engine also the logits of the prompt's last position, what each rank holds (:func:`rank_memory`) and the head
+    layout; with ``measure_collectives``, the all-reduce latency and the collectives per step of a tensor-parallel
+    model. ``threads_per_rank``: CPU threads each rank computes with (tp=1 included), like one NeuronCore per rank.
+    """
+    before = torch.get_num_threads()
+    if threads_per_rank:  # ranks take the driver's threads // tp at build time; tp=1 runs here
+        torch.set_num_threads(threads_per_rank * tp)
+    if gqa is not None:
+        build_kw["neuron_config"] = NeuronConfig(group_query_attention=gqa)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = build(tp_degree=tp, **build_kw)
+    if threads_per_rank:
+        torch.set_num_threads(threads_per_rank)
     try:
         ids, mask = enc.input_ids, enc.attention_mask
         tokens, itls, ttfts, per_token = None, [], [], []
@@ -130,11 +109,20 @@ def run_greedy(build, tp: int, enc, max_new_tokens: int, repeats: int = 1, **bui
                 itls.append(statistics.median(b - a for a, b in zip(t, t[1:])))
             if st.get("ttft_s") is not None:
                 ttfts.append(st["ttft_s"])
-        return {"tp": tp, "tokens": tokens, "itl_s": statistics.median(itls) if itls else None,
-                "ttft_s": statistics.median(ttfts) if ttfts else None, "s_per_token": statistics.median(per_token),
-                "itl_samples_s": itls, "s_per_token_samples": per_token, "ttft_samples_s": ttfts,
-                "build_s": getattr(model, "build_s", None)}
+        out = {"tp": tp, "tokens": tokens, "itl_s": statistics.median(itls) if itls else None,
+               "ttft_s": statistics.median(ttfts) if ttfts else None, "s_per_token": statistics.median(per_token),
+               "itl_samples_s": itls, "s_per_token_samples": per_token, "ttft_samples_s": ttfts,
+               "build_s": getattr(model, "build_s", getattr(model, "load_s", None)),
+               "warnings": [str(w.message) for w in caught]}
+        if isinstance(model, CausalLM):  # the reference engine: its logits and what each rank holds
+            out.update(logits=model.forward(ids, start_ids=(mask == 0).sum(1)), ranks=rank_memory(model),
+                       layout=getattr(model, "layout", None))
+        if measure_collectives and hasattr(model, "all_reduce_latency"):
+            out["all_reduce_s"] = model.all_reduce_latency()
+            out["collectives_per_step"] = model.collectives_per_step
+        return out
     finally:
+        torch.set_num_threads(before)
         if hasattr(model, "close"):
             model.close()
 
@@ -155,13 +143,17 @@ def latency_summary(runs: dict) -> dict:
             "what": "inter-token latency" if timed else "wall time per new token, prompt included"}
 
 
-def token_agreement(tokens, reference) -> dict:
-    """Greedy tokens only (no logits): identical, and for how many leading positions every row agrees
-    (compared over the shorter of the two: a run that stopped at EOS is shorter)."""
+def token_agreement(tokens, reference, logits=None, reference_logits=None) -> dict:
+    """Greedy tokens against a reference run's: identical, for how many leading positions every row agrees
+    (compared over the shorter of the two: a run that stopped at EOS is shorter), and, given both runs' logits
+    (the reference engine's), the largest logit difference."""
     n = min(tokens.shape[1], reference.shape[1])
     same_cols = (tokens[:, :n] == reference[:, :n]).all(0).long()
-    return {"tokens_equal": bool(torch.equal(tokens, reference)), "agree_positions": int(same_cols.cumprod(0).sum()),
-            "compared_positions": n}
+    out = {"tokens_equal": bool(torch.equal(tokens, reference)), "agree_positions": int(same_cols.cumprod(0).sum()),
+           "compared_positions": n}
+    if logits is not None and reference_logits is not None:
+        out["max_logit_diff"] = float((logits - reference_logits).abs().max())
+    return out
 
 
 def device_weight_bytes(rank: dict) -> int:
@@ -169,15 +161,6 @@ def device_weight_bytes(rank: dict) -> int:
     with the LM head shard (the embedding itself when tied and unsharded)."""
     w = rank["weights"]
     return w["layers"] + w["norms"] + (w["lm_head"] or w["embedding"])
-
-
-def compare(result: dict, reference: dict) -> dict:
-    """Greedy-token agreement (and for how many leading positions) and the largest logit difference."""
-    a, b = result["tokens"], reference["tokens"]
-    n = min(a.shape[1], b.shape[1])
-    same_cols = (a[:, :n] == b[:, :n]).all(0).long()
-    return {"tokens_equal": bool(torch.equal(a, b)), "agree_positions": int(same_cols.cumprod(0).sum()),
-            "max_logit_diff": float((result["logits"] - reference["logits"]).abs().max())}
 
 
 def resolve_case(rows: list, built: dict, row: dict, resolve):
@@ -202,7 +185,7 @@ def resolve_case(rows: list, built: dict, row: dict, resolve):
 def strategy_sweep(build, shape: Shape, tp_degrees, batch_sizes, encode, max_new_tokens: int, requests=ALL_REQUESTS,
                    extra_cases=(), repeats: int = 1, threads_per_rank: int | None = None) -> list[dict]:
     """Every (tp, batch, requested strategy) on the reference engine: what the library does with it, and — built
-    once per distinct layout with ``build`` (see :func:`run_generation`) — whether the outputs equal the tp=1
+    once per distinct layout with ``build`` (see :func:`run_greedy`) — whether the outputs equal the tp=1
     default run for that batch, the KV bytes each rank allocated and the measured inter-token latency
     (``itl_ms``, median of ``repeats`` runs). ``shape``: the model's :class:`helpers.planning.memory.Shape`;
     ``encode(batch)`` gives the prompts. ``extra_cases``: more (tp, batch, strategy) triples. Every row names
@@ -213,7 +196,8 @@ def strategy_sweep(build, shape: Shape, tp_degrees, batch_sizes, encode, max_new
     run = dict(repeats=repeats, threads_per_rank=threads_per_rank)
 
     def measured(res, ref, first, layout):
-        return {**compare(res, ref), "rank_kv_bytes": [r["kv_bytes"] for r in res["ranks"]],
+        return {**token_agreement(res["tokens"], ref["tokens"], res["logits"], ref["logits"]),
+                "rank_kv_bytes": [r["kv_bytes"] for r in res["ranks"]],
                 "kv_cache_shape": res["ranks"][0]["kv_cache_shape"], "itl_ms": round(1e3 * res["itl_s"], 2), "first": first,
                 "itl_samples_ms": [1e3 * t for t in res.get("itl_samples_s") or [res["itl_s"]]],
                 "layout": (layout.tp, layout.name, layout.kv_mode)}
@@ -221,7 +205,7 @@ def strategy_sweep(build, shape: Shape, tp_degrees, batch_sizes, encode, max_new
     for tp, b, req in cases:
         enc = encode(b)
         if b not in refs:
-            refs[b] = run_generation(build, 1, enc, max_new_tokens, batch_size=b, **run)
+            refs[b] = run_greedy(build, 1, enc, max_new_tokens, batch_size=b, **run)
             base = resolve_layout(shape.heads, shape.kv_heads, shape.head_dim, 1, b, None)
             built[(1, b, base.q_heads, base.kv_heads, base.kv_mode)] = measured(refs[b], refs[b], f"default@tp1b{b}", base)
         case = resolve_case(rows, built, {"tp": tp, "batch": b, "requested": label(req)},
@@ -229,7 +213,7 @@ def strategy_sweep(build, shape: Shape, tp_degrees, batch_sizes, encode, max_new
         if case is None:
             continue
         key, row, layout = case
-        res = run_generation(build, tp, enc, max_new_tokens, gqa=req, batch_size=b, **run)
+        res = run_greedy(build, tp, enc, max_new_tokens, gqa=req, batch_size=b, **run)
         built[key] = measured(res, refs[b], f"{label(req)}@tp{tp}b{b}", layout)
         rows.append({**row, **built[key], "status": "ok", "built": "yes"})
     return rows
@@ -298,8 +282,7 @@ def library_sweep(build, shape: Shape, stack: str, tp_degrees, batch_sizes, enco
         if case is None:
             continue
         key, row, _ = case
-        gqa = {} if req is None else {"neuron_config": NeuronConfig(group_query_attention=req)}
-        res = run_greedy(build, tp, enc, max_new_tokens, batch_size=b, **gqa)
+        res = run_greedy(build, tp, enc, max_new_tokens, gqa=req, batch_size=b)
         built[key] = {**token_agreement(res["tokens"], refs[b]), "first": f"{row['requested']}@tp{tp}b{b}"}
         rows.append({**row, **built[key], "status": "ok", "built": "yes"})
     return rows

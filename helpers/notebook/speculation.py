@@ -7,17 +7,23 @@ One timing loop serves both backends: it takes anything with a model's ``sample(
 top_k=1, eos_token_override=...)``: the reference engine's :class:`SpeculativeGenerator` behind
 :class:`GeneratorSampler`, or ``helpers.build_model(bk, target, draft_model_path=..., speculation_length=k)`` on
 Neuron (whose ``sample()`` does not report acceptance).
+
+Also: the checks that sampling through a speculation window keeps the target's distribution (total-variation
+distance between counts of seeded runs, and the distance chance alone stays under), and the sweeps over ``k`` of
+``ci/bench_speculative.py`` (:func:`sweep_k`, :func:`sampler_sweep_k`). The generator, drafts and acceptance rules
+are the engine's: ``helpers.engine.speculative``.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
 import torch
 
-from ..engine.speculative import expected_speedup
-from ..engine.timing import step_seconds
+from ..engine.speculative import SpeculativeGenerator, expected_speedup
 from .figures import Spread
+from .timing import step_seconds
 
 
 class GeneratorSampler:
@@ -74,7 +80,7 @@ def timed_runs(plain, variants: dict, input_ids, sequence_length: int, eos_token
 
 
 def step_rounds(cases: dict, position: int, rounds: int = 5, repeats: int = 3) -> dict:
-    """``label -> [seconds per round]``: ``rounds`` calls of :func:`helpers.engine.timing.step_seconds` (the cases
+    """``label -> [seconds per round]``: ``rounds`` calls of :func:`helpers.notebook.timing.step_seconds` (the cases
     in turn, one warm-up round, the median of ``repeats`` each), so that a ratio of two cases can be taken round
     by round and shown with its spread."""
     out = {label: [] for label in cases}
@@ -115,3 +121,127 @@ def account(row: dict, k: int, draft_steps: float, verify_steps: float) -> dict:
             "prefill_share": prefill / plain,
             "decode_tokens_per_call": (row["new_tokens"] - 1) / row["rounds"] if row["rounds"] else 0.0,
             "rest_steps_per_round": (spec - predicted) / step / row["rounds"] if row["rounds"] else 0.0}
+
+
+# -- distribution checks -------------------------------------------------------------------------
+def tv_distance(a: dict, b: dict) -> float:
+    """Total-variation distance between two empirical distributions given as {outcome: count}."""
+    na, nb = sum(a.values()), sum(b.values())
+    return 0.5 * sum(abs(a.get(x, 0) / na - b.get(x, 0) / nb) for x in set(a) | set(b))
+
+
+def tv_bound(n_samples: int, support: int, delta: float = 1e-3) -> float:
+    """TV distance that an empirical distribution of ``n_samples`` draws exceeds with probability
+    at most ``delta`` (Bretagnolle-Huber-Carol: P(|p_hat - p|_1 >= e) <= 2^V exp(-n e^2 / 2))."""
+    return 0.5 * math.sqrt(2 * (support * math.log(2) + math.log(1 / delta)) / n_samples)
+
+
+def two_sample_tv_bound(n_a: int, n_b: int, support: int, delta: float = 1e-3) -> float:
+    """Bound on TV(p_hat_a, p_hat_b) when both come from the same distribution (union bound)."""
+    return tv_bound(n_a, support, delta / 2) + tv_bound(n_b, support, delta / 2)
+
+
+def first_emitted_distribution(acceptor, p: torch.Tensor, q: torch.Tensor | None, draft_fixed=None,
+                               n: int = 20000, seed: int = 0) -> dict:
+    """Run ``acceptor`` ``n`` times on synthetic target ``p`` [k+1, V] and draft ``q`` [k, V] (drafts
+    drawn from q, or ``draft_fixed`` for a deterministic draft) and count the first emitted token."""
+    g = torch.Generator().manual_seed(seed)
+    counts: dict = {}
+    for _ in range(n):
+        draft = draft_fixed if q is None else torch.multinomial(q, 1, generator=g).squeeze(1)
+        kept, nxt = acceptor(draft, q, p, g)
+        x = int(draft[0]) if kept >= 1 else nxt
+        counts[x] = counts.get(x, 0) + 1
+    return counts
+
+
+def window_counts(sample_fn, n: int, prompt_len: int, width: int = 2, seed0: int = 0) -> dict:
+    """Counts of the generated tokens ``[prompt_len, prompt_len + width)`` over ``n`` seeds;
+    ``sample_fn(generator)`` returns [1, seq] ids. Token 1 is the target's own draw, token 2 is
+    the first token decided inside a speculation window."""
+    counts: dict = {}
+    for s in range(n):
+        out = sample_fn(torch.Generator().manual_seed(seed0 + s))
+        key = tuple(out[0, prompt_len:prompt_len + width].tolist())
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def sweep_k(build_target, draft_factory, ks, input_ids, sequence_length: int, eos_token_id=None,
+            repeats: int = 1) -> list[dict]:
+    """Greedy speculation for each k against the plain decode of the same engine: tokens/s, the
+    acceptance rate, tokens per target call, and whether the output is token-identical.
+
+    ``build_target(k)`` builds the target (k=0: plain); ``draft_factory()`` a fresh draft. After a
+    warm-up, plain and speculative runs alternate ``repeats`` times (load on a shared machine hits
+    both alike); the speeds are medians, ``speedup`` is the ratio of median times and
+    ``speedup_range`` the (min, max) of the per-repeat ratios."""
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    plain_model = build_target(0)
+    plain_model.sample(input_ids, input_ids.shape[1] + 2, top_k=1)  # warm-up
+
+    def run_plain():
+        t0 = time.perf_counter()
+        out = plain_model.sample(input_ids, sequence_length, top_k=1, eos_token_override=eos_token_id)
+        return out, time.perf_counter() - t0
+
+    rows = []
+    for k in ks:
+        target = build_target(k)
+        gen = SpeculativeGenerator(draft_factory(), target, k)
+        gen.sample(input_ids, input_ids.shape[1] + 2)  # warm-up
+        plain_s, spec_s = [], []
+        for _ in range(repeats):
+            plain, t = run_plain()
+            plain_s.append(t)
+            t0 = time.perf_counter()
+            out = gen.sample(input_ids, sequence_length, eos_token_id=eos_token_id)
+            spec_s.append(time.perf_counter() - t0)
+        n_new = plain.shape[1] - input_ids.shape[1]
+        ratios = [p / q for p, q in zip(plain_s, spec_s)]
+        rows.append({"k": k, "identical": bool(torch.equal(out, plain)), "new_tokens": n_new,
+                     "acceptance_rate": gen.stats["acceptance_rate"], "tokens_per_round": gen.stats["tokens_per_round"],
+                     "spec_tokens_per_s": n_new / statistics.median(spec_s),
+                     "plain_tokens_per_s": n_new / statistics.median(plain_s),
+                     "speedup": statistics.median(plain_s) / statistics.median(spec_s),
+                     "speedup_range": (min(ratios), max(ratios)), "repeats": repeats})
+    return rows
+
+
+def sampler_sweep_k(build, ks, input_ids, sequence_length: int, eos_token_id=None, repeats: int = 1) -> list[dict]:
+    """Greedy speculation for each k through ``sample()`` alone, on any backend: ``build(k)`` returns a model whose
+    ``sample()`` speculates k tokens per step (on Neuron ``helpers.build_model(bk, target, draft_model_path=...,
+    speculation_length=k)``), ``build(0)`` the plain target. After a warm-up, plain and speculative runs
+    alternate ``repeats`` times; speeds are medians of wall times, ``identical``: token-identical outputs. The
+    acceptance rate is not observable through ``sample()``, so it is not reported."""
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    plain_model = build(0)
+    warm = input_ids.shape[1] + 2
+
+    def timed(model):
+        t0 = time.perf_counter()
+        out = model.sample(input_ids, sequence_length, top_k=1, eos_token_override=eos_token_id)
+        return out, time.perf_counter() - t0
+
+    plain_model.sample(input_ids, warm, top_k=1)
+    rows = []
+    for k in ks:
+        spec_model = build(k)
+        spec_model.sample(input_ids, warm, top_k=1)
+        plain_s, spec_s = [], []
+        for _ in range(repeats):
+            plain, t = timed(plain_model)
+            plain_s.append(t)
+            out, t = timed(spec_model)
+            spec_s.append(t)
+        n_new = plain.shape[1] - input_ids.shape[1]
+        ratios = [p / q for p, q in zip(plain_s, spec_s)]
+        rows.append({"k": k, "identical": bool(torch.equal(out, plain)), "new_tokens": n_new,
+                     "spec_tokens_per_s": n_new / statistics.median(spec_s),
+                     "plain_tokens_per_s": n_new / statistics.median(plain_s),
+                     "speedup": statistics.median(plain_s) / statistics.median(spec_s),
+                     "speedup_range": (min(ratios), max(ratios)), "repeats": repeats})
+        del spec_model
+    return rows

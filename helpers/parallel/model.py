@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from ..artifacts.graphs import artifact_mode
 from ..artifacts.manifest import read_manifest
-from ..artifacts.model import NeuronModel
+from ..artifacts.model import LOAD_AFTER_BUILD, NeuronModel
 from ..artifacts.presharded import check_rank_weights
 from ..artifacts.serialization import check_compile, check_save, graph_fields, weights_meta, write_settings
 from ..planning.gqa import HeadLayout, resolve_layout
@@ -152,9 +152,8 @@ class ParallelModel(NeuronModel, tensor_parallel=True):
         instead of compiling. Refuses now, before any process starts, a directory saved for another model,
         bucket set, batch, tp degree, dtype or torch version, or with a changed file (rank 0 first, so a
         directory of another tp degree names ``tp_degree``)."""
-        if self._ranks is not None:
-            raise RuntimeError("load() must come before to_neuron() (as in transformers-neuronx): construct the "
-                               "model again, call load(dir), then to_neuron()")
+        if self._is_built():
+            raise RuntimeError(LOAD_AFTER_BUILD)
         check_graphable(self.layout, self.neuron_config.compiled, "load()")
         fields = graph_fields(self)
         for r in range(self.tp_degree):
@@ -170,15 +169,12 @@ class ParallelModel(NeuronModel, tensor_parallel=True):
             self.to_neuron()
         return self.save(compiled_model_path, save_sharded_checkpoint, mark_presharded=False)
 
-    def enable_speculative_decoder(self, speculation_length: int) -> None:
-        if self._ranks is not None:
-            raise RuntimeError("enable_speculative_decoder(k) must be called before to_neuron(): the "
-                               "speculative graph is compiled with the others (transformers-neuronx: same rule)")
-        super().enable_speculative_decoder(speculation_length)
+    def _is_built(self) -> bool:
+        """Whether ``to_neuron()`` has run: here, the rank processes hold the model."""
+        return self._ranks is not None
 
     def _require_built(self):
-        if self._ranks is None:
-            raise RuntimeError("The model is not built: call .to_neuron() first (as on Neuron).")
+        super()._require_built()
         return self._ranks
 
     def all_reduce_latency(self, n: int = 50) -> float:

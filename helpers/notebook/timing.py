@@ -5,6 +5,8 @@ A step over several rows is either decode at batch ``b`` (a model built with ``b
 per sequence) or the verification of ``k + 1`` tokens of one sequence (a model with the speculative graph,
 ``enable_speculative_decoder``). Either reads every weight once, so on Neuron, and with the CPU kernels of
 ``helpers.engine.kernels``, it should cost little more than a one-row step.
+
+It times the engine's own fixed-shape step (``CausalLM._step``), with no sampling loop around it.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import time
 
 import torch
 
-from .generation import CausalLM
+from ..engine.generation import CausalLM
 
 
 def step_seconds(cases: dict, position: int = 128, repeats: int = 7, seed: int = 0) -> dict[str, dict]:
