@@ -13,6 +13,7 @@ import difflib
 from dataclasses import dataclass, field, fields
 
 from ..planning.gqa import GQA, as_strategy
+from .sampling import eos_list
 
 
 def reject_unknown(kwargs, known, where: str, why: str | None = None) -> None:
@@ -78,8 +79,7 @@ class ModelArgs:
 
     @property
     def eos_ids(self) -> list[int]:
-        e = self.eos_token_id
-        return [] if e is None else ([e] if isinstance(e, int) else list(e))
+        return eos_list(self.eos_token_id)
 
 
 @dataclass

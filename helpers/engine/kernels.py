@@ -6,7 +6,7 @@ matmul streams its weight; a step over a few rows (batch decode, speculative ver
 the same weights and should cost about as much; prefill (T x hidden GEMMs) is compute-bound. Each of
 these three shape families ("one_row", "rows", "prefill") has its candidates (``MATMUL_KERNELS``).
 A model's f32 CPU weight is a :class:`CpuWeight`: the matrix stored column-major (:func:`column_major`), the
-kernel of each family fixed at the build, and the copies its kernels read ("stream", ``helpers.engine.stream``;
+kernel of each family fixed at the build, and the copies its kernels read ("stream", ``helpers.engine.stream_kernel``;
 oneDNN's blocked layout, "packed"); ``helpers.engine.model.linear`` runs it by its ``linear``.
 ``$NEURON_NB_GEMV`` / ``$NEURON_NB_GEMM`` / ``$NEURON_NB_PREFILL`` force a kernel (``$NEURON_NB_GEMM``
 forces prefill too unless ``$NEURON_NB_PREFILL`` is set).
@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from . import stream_kernel as stream
+from . import stream_kernel
 
 
 def column_major(t: torch.Tensor) -> torch.Tensor:
@@ -66,7 +66,7 @@ def onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = Non
 # -- the kernels' own copies of the weights ---------------------------------------------------------
 def kernel_available(kernel: str) -> bool:
     if kernel == "stream":
-        return stream.load() is not None
+        return stream_kernel.load() is not None
     if kernel == "packed":
         return _MKLDNN_REORDER is not None
     if kernel == "onednn":
@@ -78,17 +78,17 @@ def weight_copy(w: torch.Tensor, kind: str) -> torch.Tensor | None:
     """The copy of f32 CPU weight ``w`` that kernel ``kind`` reads, or None (kernel unavailable, or "stream" with
     ``out`` not a multiple of 16): "packed", oneDNN's blocked layout (``mkldnn._reorder_linear_weight``, what
     Inductor's CPU freezing does to linear weights); "stream", blocks of 16 output columns
-    (``helpers.engine.stream``). Either streams the weight in the order its micro-kernel consumes it, with no
+    (``helpers.engine.stream_kernel``). Either streams the weight in the order its micro-kernel consumes it, with no
     packing per call, and costs as many bytes again."""
     if not kernel_available(kind) or not (w.dim() == 2 and w.dtype == torch.float32 and w.device.type == "cpu"):
         return None
-    return _MKLDNN_REORDER(w, PACK_ROWS) if kind == "packed" else stream.stream_layout(w)
+    return _MKLDNN_REORDER(w, PACK_ROWS) if kind == "packed" else stream_kernel.stream_layout(w)
 
 
 def copy_linear(kind: str, x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, w, b)`` by kernel ``kind`` from ``p``, its copy of ``w`` ("packed": oneDNN's linear reads its
     blocked copy as it reads a dense weight)."""
-    return stream.stream_linear(x, p, b) if kind == "stream" else onednn_linear(x, p, b)
+    return stream_kernel.stream_linear(x, p, b) if kind == "stream" else onednn_linear(x, p, b)
 
 
 def forced_kernel(case: str) -> str | None:
@@ -113,7 +113,7 @@ def unavailable_reason(kernel: str) -> str | None:
     """Why ``kernel`` cannot run here, or None."""
     if kernel_available(kernel):
         return None
-    return stream.unavailable_reason() if kernel == "stream" else "this torch build has no oneDNN"
+    return stream_kernel.unavailable_reason() if kernel == "stream" else "this torch build has no oneDNN"
 
 
 def default_kernels() -> dict[str, str]:
@@ -179,7 +179,7 @@ class CpuWeight:
     transformers-neuronx stores its weights transposed too (``llama/model.py`` ``load_weights``:
     ``q_proj.weight.detach().T``). :meth:`linear`:
 
-    - one row (batch-1 decode): split-k (:func:`split_k_linear`), "stream" (``helpers.engine.stream``),
+    - one row (batch-1 decode): split-k (:func:`split_k_linear`), "stream" (``helpers.engine.stream_kernel``),
       oneDNN on its blocked copy ("packed") or MKL's GEMV (``F.linear``);
     - a few rows (<= FEW_ROWS: speculative verification, batch decode) and prefill: "stream", "packed",
       oneDNN's linear on the column-major weight (``mkldnn._linear_pointwise``, what torch.compile's CPU
