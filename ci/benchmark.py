@@ -10,7 +10,8 @@ tokens/s is (new tokens - 1) / (last token time - first token time), per sequenc
 Roofline: a decode step must read every weight once (an untied embedding table is only gathered)
 plus the KV cache it attends over, so steps/s <= bandwidth / those bytes. The bandwidth is the
 machine's, measured here with torch over buffers far larger than the caches: a copy (read + write
-bytes) and a read-only reduction; the roofline uses the faster of the two.
+bytes) and a read-only reduction, on 4 KB pages and on the huge pages the engine's weights live in
+(``helpers.engine.hugepages``, where Linux offers them); the roofline uses the fastest of these.
 
     python ci/benchmark.py                  # f32 + bf16, batch 1 and 8, 128 + 128 tokens, 5 repeats
     python ci/benchmark.py --compiled       # also the engine with NeuronConfig(compiled=True)
@@ -51,6 +52,7 @@ from helpers.engine import kernel_choice  # noqa: E402
 from helpers.engine import kernels as engine_kernels  # noqa: E402
 from helpers.engine import stream_kernel  # noqa: E402
 from helpers.engine import model as engine_model  # noqa: E402
+from helpers.engine.hugepages import Arena  # noqa: E402
 from helpers.engine.model import linear  # noqa: E402
 from helpers.notebook.timing import step_seconds  # noqa: E402
 from helpers.planning.dtypes import amp_dtype  # noqa: E402
@@ -75,24 +77,33 @@ def fmt(s: dict, scale: float = 1.0, digits: int = 1) -> str:
 
 # -- the machine ---------------------------------------------------------------------------------
 def memory_bandwidth(mib: int, repeats: int) -> dict:
-    """GB/s of a tensor copy (read + write bytes, as STREAM counts) and of a read-only sum."""
+    """GB/s of a tensor copy (read + write bytes, as STREAM counts) and of a read-only sum, on ordinary 4 KB pages
+    and, where Linux offers them, on the huge pages the engine keeps its weights in (``helpers.engine.hugepages``),
+    the two kinds alternating. The roofline takes the faster memory."""
     n = mib * 2**20 // 4
-    src = torch.rand(n)
-    dst = torch.empty_like(src)
-    copy, read = [], []
+    arena = Arena(2 * Arena.size_of((n,)))
+    buffers = {"4 KB pages": (torch.empty(n), torch.empty(n))}
+    if arena.advised:
+        buffers["huge pages"] = (arena.empty((n,)), arena.empty((n,)))
+    times = {kind: {"copy": [], "read": []} for kind in buffers}
+    for src, _ in buffers.values():
+        torch.rand(n, out=src)
     for i in range(repeats + 1):
-        t = time.perf_counter()
-        dst.copy_(src)
-        t_copy = time.perf_counter() - t
-        t = time.perf_counter()
-        src.sum()
-        t_read = time.perf_counter() - t
-        if i:  # the first pass faults the pages in
-            copy.append(2 * n * 4 / t_copy / 1e9)
-            read.append(n * 4 / t_read / 1e9)
-    out = {"buffer_mib": mib, "copy_gbs": spread(copy), "read_gbs": spread(read)}
-    out["roofline_gbs"] = max(out["copy_gbs"]["median"], out["read_gbs"]["median"])
-    return out
+        for kind, (src, dst) in buffers.items():
+            t = time.perf_counter()
+            dst.copy_(src)
+            t_copy = time.perf_counter() - t
+            t = time.perf_counter()
+            src.sum()
+            t_read = time.perf_counter() - t
+            if i:  # the first pass faults the pages in
+                times[kind]["copy"].append(2 * n * 4 / t_copy / 1e9)
+                times[kind]["read"].append(n * 4 / t_read / 1e9)
+    pages = {kind: {"copy_gbs": spread(t["copy"]), "read_gbs": spread(t["read"])} for kind, t in times.items()}
+    peak = {kind: max(p["copy_gbs"]["median"], p["read_gbs"]["median"]) for kind, p in pages.items()}
+    best = max(peak, key=peak.get)
+    return {"buffer_mib": mib, "pages": pages, "roofline_pages": best, **pages[best], "roofline_gbs": peak[best],
+            "weights_in": arena.describe()}
 
 
 def gemv_bandwidth(dtype: torch.dtype, repeats: int) -> dict:
@@ -455,8 +466,12 @@ def main(argv=None) -> int:
         else:
             bw = memory_bandwidth(a.bandwidth_mib, max(5, a.repeats))
             bw["gemv_f32"] = gemv_bandwidth(torch.float32, max(5, a.repeats))
-        print(f"memory bandwidth ({a.bandwidth_mib} MiB buffers, median [min-max]): copy {fmt(bw['copy_gbs'])} GB/s, "
-              f"read {fmt(bw['read_gbs'])} GB/s -> roofline at {bw['roofline_gbs']:.1f} GB/s")
+        kinds = "; ".join(f"{kind}: copy {fmt(p['copy_gbs'])}, read {fmt(p['read_gbs'])}"
+                          for kind, p in bw.get("pages", {"": bw}).items()).lstrip(": ")
+        print(f"memory bandwidth ({a.bandwidth_mib} MiB buffers, GB/s, median [min-max]): {kinds} -> roofline at "
+              f"{bw['roofline_gbs']:.1f} GB/s" + (f" ({bw['roofline_pages']})" if "roofline_pages" in bw else ""))
+        if "weights_in" in bw:
+            print(f"the engine's f32 weights: {bw['weights_in']}")
         if "gemv_f32" in bw:
             g = bw["gemv_f32"]
             print(f"f32 batch-1 matmul, 49152x576 weights: [out,in] rows {fmt(g['row_major'])} GB/s, "

@@ -30,8 +30,9 @@ import torch
 from ..model_store import cache_dir
 from . import kernels as K
 from . import stream_kernel
+from .hugepages import Arena, thp_mode
 
-FORMAT = 1
+FORMAT = 2  # 2: the weights (and the timed ones) live in a huge-page arena (helpers.engine.hugepages)
 # ISA features that decide a matmul kernel's speed (printed by ci/benchmark.py); the cache key hashes every flag
 ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
              "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2", "bf16", "i8mm")
@@ -69,7 +70,7 @@ def machine_key(threads: int | None = None) -> dict:
     return {"format": FORMAT, "cpu": info["model"], "machine": info["machine"], "flags": info["flags_sha256"],
             "threads": torch.get_num_threads() if threads is None else threads, "torch": torch.__version__,
             "available": sorted({k for ks in K.MATMUL_KERNELS.values() for k in ks if K.kernel_available(k)}),
-            "stream_source": hashlib.sha256(stream_kernel.SOURCE.read_bytes()).hexdigest()[:16],
+            "stream_source": hashlib.sha256(stream_kernel.SOURCE.read_bytes()).hexdigest()[:16], "pages": thp_mode(),
             "shapes": hashlib.sha256(json.dumps([SHAPES, K.MATMUL_TUNE_ROWS, K.FEW_ROWS]).encode()).hexdigest()[:16]}
 
 
@@ -116,7 +117,10 @@ def time_here(repeats: int = 3) -> dict:
     """Time every available kernel of each family on :func:`synthetic_weights` (each with every copy, freed with
     them): decode-like passes over all of them for one row and a few rows, prefill over one layer's matrices."""
     kinds = [k for k in K.COPIES if K.kernel_available(k)]
-    ws = [K.CpuWeight.build(t, {}, kinds) for t in synthetic_weights()]
+    ts = synthetic_weights()
+    arena = Arena(sum(K.CpuWeight.arena_bytes(t, {}, kinds) for t in ts))  # where a model's weights live too
+    ws = [K.CpuWeight.build(t, {}, kinds, arena) for t in ts]
+    del ts
     # prefill is compute-bound: one layer's matrices say as much as all of them, in a quarter of the time
     return K.time_matmuls({"one_row": ws, "rows": ws, "prefill": ws[:4]}, repeats)
 
@@ -197,9 +201,14 @@ def build_kernels(recorded: dict | None = None) -> dict[str, str]:
 
 def use_cpu_kernels(tr, pack: bool = True, recorded: dict | None = None):
     """``tr``'s f32 matmul weights on CPU as :class:`kernels.CpuWeight`, column-major with the kernels of
-    :func:`build_kernels` and the copies they read; ``tr.matmul_kernels`` records the kernels. ``pack=False``: the
+    :func:`build_kernels` and the copies they read, all in one ``helpers.engine.hugepages.Arena``;
+    ``tr.matmul_kernels`` records the kernels. ``pack=False``: the
     column-major layout only (int8 storage replaces the projections next; the rest runs ``F.linear``)."""
     kernels = build_kernels(recorded) if pack else None
-    tr.w.relayout(K.column_major if kernels is None else (lambda t: K.CpuWeight.build(t, kernels)))
+    if kernels is None:
+        tr.w.relayout(K.column_major)
+    else:  # the matrices and their kernels' copies in one huge-page arena: the same bytes, fewer TLB misses
+        arena = Arena(sum(K.CpuWeight.arena_bytes(t, kernels) for t in tr.w.matrices()))
+        tr.w.relayout(lambda t: K.CpuWeight.build(t, kernels, arena=arena))
     tr.matmul_kernels = None if kernels is None else dict(kernels)
     return tr

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from . import stream_kernel
+from .hugepages import Arena
 
 
 def column_major(t: torch.Tensor) -> torch.Tensor:
@@ -74,15 +75,19 @@ def kernel_available(kernel: str) -> bool:
     return True
 
 
-def weight_copy(w: torch.Tensor, kind: str) -> torch.Tensor | None:
+def weight_copy(w: torch.Tensor, kind: str, arena: Arena | None = None) -> torch.Tensor | None:
     """The copy of f32 CPU weight ``w`` that kernel ``kind`` reads, or None (kernel unavailable, or "stream" with
     ``out`` not a multiple of 16): "packed", oneDNN's blocked layout (``mkldnn._reorder_linear_weight``, what
     Inductor's CPU freezing does to linear weights); "stream", blocks of 16 output columns
     (``helpers.engine.stream_kernel``). Either streams the weight in the order its micro-kernel consumes it, with no
-    packing per call, and costs as many bytes again."""
+    packing per call, and costs as many bytes again. ``arena``: where the "stream" copy goes (oneDNN allocates its
+    own)."""
     if not kernel_available(kind) or not (w.dim() == 2 and w.dtype == torch.float32 and w.device.type == "cpu"):
         return None
-    return _MKLDNN_REORDER(w, PACK_ROWS) if kind == "packed" else stream_kernel.stream_layout(w)
+    if kind == "packed":
+        return _MKLDNN_REORDER(w, PACK_ROWS)
+    shape = stream_kernel.stream_shape(w)
+    return stream_kernel.stream_layout(w, None if arena is None or shape is None else arena.empty(shape))
 
 
 def copy_linear(kind: str, x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -193,12 +198,28 @@ class CpuWeight:
         self.dense, self.kernels, self.copies = dense, dict(kernels), dict(copies or {})
 
     @classmethod
-    def build(cls, w: torch.Tensor, kernels: dict[str, str], kinds=None) -> "CpuWeight":
-        """``w`` stored column-major, with the copies its ``kernels`` read (or those of ``kinds``, for timing)."""
-        dense = w if w.stride(0) == 1 else column_major(w)
-        wanted = set(kernels.values()) if kinds is None else set(kinds)
-        copies = {kind: weight_copy(dense, kind) for kind in COPIES if kind in wanted}
+    def build(cls, w: torch.Tensor, kernels: dict[str, str], kinds=None, arena: Arena | None = None) -> "CpuWeight":
+        """``w`` stored column-major, with the copies its ``kernels`` read (or those of ``kinds``, for timing);
+        with an ``arena`` (``helpers.engine.hugepages``), the matrix and its "stream" copy are placed there
+        (:meth:`arena_bytes` says how much they take)."""
+        if arena is not None:
+            dense = arena.empty((w.shape[1], w.shape[0])).t().copy_(w)  # column-major, as column_major(w)
+        else:
+            dense = w if w.stride(0) == 1 else column_major(w)
+        copies = {kind: weight_copy(dense, kind, arena) for kind in COPIES if kind in cls._wanted(kernels, kinds)}
         return cls(dense, kernels, {k: c for k, c in copies.items() if c is not None})
+
+    @staticmethod
+    def _wanted(kernels: dict[str, str], kinds=None) -> set:
+        return set(kernels.values()) if kinds is None else set(kinds)
+
+    @classmethod
+    def arena_bytes(cls, w: torch.Tensor, kernels: dict[str, str], kinds=None) -> int:
+        """Bytes :meth:`build` takes from an arena for ``w``: the matrix, and its "stream" copy if one is made."""
+        n = Arena.size_of(w.shape)
+        if "stream" in cls._wanted(kernels, kinds) and kernel_available("stream") and stream_kernel.stream_shape(w):
+            n += Arena.size_of(stream_kernel.stream_shape(w))
+        return n
 
     def traced(self, t: torch.Tensor) -> "CpuWeight":
         """The same kernels over ``t`` (a graph input standing for ``dense``), without copies."""

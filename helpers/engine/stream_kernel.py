@@ -97,12 +97,20 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, str | None]:
     return lib, None
 
 
-def stream_layout(w: torch.Tensor) -> torch.Tensor | None:
-    """``w`` [out, in] (any strides) as [out / 16, in, 16] contiguous; None if ``out`` is not a multiple of 16."""
+def stream_shape(w: torch.Tensor) -> tuple[int, int, int] | None:
+    """The shape of :func:`stream_layout` (w): [out / 16, in, 16]; None if ``out`` is not a multiple of 16."""
     n, k = w.shape
-    if n % BLOCK:
+    return None if n % BLOCK else (n // BLOCK, k, BLOCK)
+
+
+def stream_layout(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``w`` [out, in] (any strides) as [out / 16, in, 16] contiguous (written into ``out`` if given, a contiguous
+    tensor of :func:`stream_shape`); None if ``out`` is not a multiple of 16."""
+    shape = stream_shape(w)
+    if shape is None:
         return None
-    return w.reshape(n // BLOCK, BLOCK, k).transpose(1, 2).contiguous()
+    blocks = w.reshape(shape[0], BLOCK, shape[1]).transpose(1, 2)
+    return blocks.contiguous() if out is None else out.copy_(blocks)
 
 
 def stream_linear(x: torch.Tensor, wp: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,0 +1,81 @@
+"""One allocation for the weights a decode step streams, backed by transparent huge pages where Linux offers them.
+
+A decode step reads every weight once per token. In 4 KB pages a SmolLM2-135M step (545 MB in f32) crosses
+about 130,000 pages, and each translation the TLB misses is a page walk; in a virtual machine (nested paging, as on
+every cloud instance) a walk can itself take tens of memory reads. Linux backs 2 MB pages only where a program asks
+(``/sys/kernel/mm/transparent_hugepage/enabled`` = ``madvise``, a common default) or everywhere (``always``); torch
+asks only with ``$THP_MEM_ALLOC_ENABLE=1`` set before its first allocation. So :class:`Arena` allocates the matrices
+of a model in one buffer, aligned to 2 MB and advised ``MADV_HUGEPAGE`` before any page is touched, and hands out
+views of it. The data, the kernels and so the numerics are unchanged: only where the bytes live.
+``python ci/benchmark.py`` prints the page mode and reads the machine's bandwidth from such a buffer too (the
+roofline is what the same memory allows), with the matmuls over both kinds of pages.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import platform
+from pathlib import Path
+
+import torch
+
+HUGE_PAGE = 2 << 20
+ALIGN = 64  # bytes: every tensor starts on a cache line (BLAS kernels round alike on aligned data)
+MADV_HUGEPAGE = 14  # linux/mman.h
+THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+_libc: dict = {}
+
+
+def thp_mode() -> str | None:
+    """Linux's transparent huge page mode ("always", "madvise" or "never"), None where there is none."""
+    try:
+        text = THP_ENABLED.read_text()
+    except OSError:
+        return None
+    return next((w.strip("[]") for w in text.split() if w.startswith("[")), None)
+
+
+def _madvise(addr: int, length: int) -> bool:
+    if "fn" not in _libc:
+        name = ctypes.util.find_library("c") if platform.system() == "Linux" else None
+        fn = getattr(ctypes.CDLL(name, use_errno=True), "madvise", None) if name else None
+        if fn is not None:
+            fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+        _libc["fn"] = fn
+    return _libc["fn"] is not None and _libc["fn"](addr, length, MADV_HUGEPAGE) == 0
+
+
+class Arena:
+    """``nbytes`` of CPU memory, 2 MB-aligned and advised for huge pages (where the mode is "madvise" or "always"),
+    handed out in order by :meth:`empty`. Its views keep it alive; nothing else frees it."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes, self.used = int(nbytes), 0
+        self.mode = thp_mode()
+        huge = self.mode in ("madvise", "always") and self.nbytes >= HUGE_PAGE
+        raw = torch.empty(self.nbytes + (HUGE_PAGE if huge else ALIGN), dtype=torch.uint8)
+        off = (-raw.data_ptr()) % (HUGE_PAGE if huge else ALIGN)
+        self.buffer = raw[off:off + self.nbytes]
+        # advise whole huge pages only; the pages are untouched until the weights are copied in
+        self.advised = huge and _madvise(self.buffer.data_ptr(), self.nbytes // HUGE_PAGE * HUGE_PAGE)
+
+    @staticmethod
+    def size_of(shape, dtype: torch.dtype = torch.float32) -> int:
+        """Bytes :meth:`empty` takes for a tensor of ``shape`` (aligned)."""
+        n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        return -(-n // ALIGN) * ALIGN
+
+    def empty(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """An uninitialised contiguous tensor of ``shape`` from the arena (refuses beyond its size)."""
+        size = self.size_of(shape, dtype)
+        if self.used + size > self.nbytes:
+            raise ValueError(f"Arena of {self.nbytes} bytes is full ({self.used} used, {size} more asked)")
+        n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        out = self.buffer[self.used:self.used + n].view(dtype).view(shape)
+        self.used += size
+        return out
+
+    def describe(self) -> str:
+        if self.advised:
+            return f"huge pages (transparent huge pages: {self.mode}, advised)"
+        return f"4 KB pages (transparent huge pages: {self.mode or 'none on this system'})"
