@@ -37,6 +37,26 @@ def test_stream_linear_is_f_linear(rows, threads):
 
 
 @needs_stream
+@pytest.mark.skipif(stream_kernel.load() is None or not stream_kernel.use_avx512(), reason="no AVX-512 here")
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 8, 13, 16, 17, 40])
+def test_the_avx512_path_gives_the_avx2_paths_bits(rows):
+    """Up to 16 rows per pass with AVX-512, 6 with AVX2: the same FMAs in the same order, so the same bits (a saved
+    model's outputs do not depend on which path a machine takes)."""
+    g = torch.Generator().manual_seed(rows)
+    w, x = torch.randn(96, 200, generator=g), torch.randn(rows, 200, generator=g)
+    wp = stream_kernel.stream_layout(w)
+    try:
+        assert stream_kernel.use_avx512(False) is False
+        narrow = stream_kernel.stream_linear(x, wp)
+        assert stream_kernel.use_avx512(True) is True
+        wide = stream_kernel.stream_linear(x, wp)
+    finally:
+        stream_kernel.use_avx512(True)
+    assert torch.equal(narrow, wide)
+    assert torch.allclose(wide, F.linear(x, w), atol=1e-4, rtol=1e-4)
+
+
+@needs_stream
 def test_stream_layout_needs_whole_blocks_and_refuses_a_mismatch():
     assert stream_kernel.stream_layout(torch.randn(50, 32)) is None
     wp = stream_kernel.stream_layout(torch.randn(32, 24))

@@ -3,8 +3,9 @@ a one-row step reads it (``csrc/stream_linear.c``).
 
 Library GEMMs stream a weight and then compute on it, one after the other, so a step over a few rows costs
 well over a one-row step. This kernel stores each weight in blocks of 16 output columns
-(:func:`stream_layout`), runs six rows per pass over a block and prefetches 4 KB ahead, so reading the next
-block overlaps the arithmetic on this one and a step over a few rows stays close to a one-row step. With
+(:func:`stream_layout`), runs six rows per pass over a block (AVX2) and prefetches 4 KB ahead, so reading the next
+block overlaps the arithmetic on this one and a step over a few rows stays close to a one-row step (with AVX-512,
+up to 16 rows share a pass: :func:`use_avx512`). With
 many rows (prefill) it keeps up with the library GEMMs. The figures are the benchmark's:
 ``python ci/benchmark.py`` prints every kernel's timing per shape family and the steps over 1, 2, 4 and 8
 rows on the machine it runs on; docs/performance.md ("Decode speed, kernels and the roofline", "Steps by
@@ -94,7 +95,15 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, str | None]:
     lib.stream_linear.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                                   ctypes.c_void_p, ctypes.c_int]
     lib.stream_linear.restype = None
+    lib.stream_use_avx512.argtypes, lib.stream_use_avx512.restype = [ctypes.c_int], ctypes.c_int
     return lib, None
+
+
+def use_avx512(on: bool = True) -> bool:
+    """Run the AVX-512 path (up to 16 rows per pass over a block) where the CPU has it, or the AVX2 one (6 rows):
+    the same sums in the same order, so the same bits (``tests/test_stream_kernel.py`` checks). Returns whether the
+    AVX-512 path now runs; needs :func:`load`."""
+    return bool(load().stream_use_avx512(int(on)))
 
 
 def stream_shape(w: torch.Tensor) -> tuple[int, int, int] | None:
