@@ -100,9 +100,9 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, str | None]:
 
 
 def use_avx512(on: bool = True) -> bool:
-    """Run the AVX-512 path (up to 16 rows per pass over a block) where the CPU has it, or the AVX2 one (6 rows):
-    the same sums in the same order, so the same bits (``tests/test_stream_kernel.py`` checks). Returns whether the
-    AVX-512 path now runs; needs :func:`load`."""
+    """Run the AVX-512 path for more than 6 rows (up to 16 per pass over a block) where the CPU has it, or the AVX2
+    one (6 rows per pass): the same sums in the same order, so the same bits (``tests/test_stream_kernel.py``
+    checks). Returns whether the AVX-512 path now runs; needs :func:`load`."""
     return bool(load().stream_use_avx512(int(on)))
 
 

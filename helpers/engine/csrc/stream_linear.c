@@ -52,8 +52,8 @@ static void block(const float* x, int rows, int k_dim, const float* wb, float* y
     }
 }
 
-/* The same sums with AVX-512, where the CPU has it: a 16-column block is one register, so up to 16 rows share one
- * pass over a block (AVX2: 6, then the block is read again from cache for the next rows). Each output still
+/* The same sums with AVX-512, where the CPU has it, for more than 6 rows: a 16-column block is one register, so up to
+ * 16 rows share one pass over a block (AVX2: 6, then the block is read again from cache for the next rows). Each output still
  * accumulates k = 0, 1, ... with one FMA per k, as the AVX2 code does: both give bitwise the same results. */
 __attribute__((target("avx512f"), always_inline))
 static inline void rows_block512(const int ROWS, const float* x, int k_dim, const float* wb, float* y, int n_dim) {
@@ -101,7 +101,7 @@ void stream_linear(const float* x, int rows, int k_dim, const float* wp, int n_d
         stream_use_avx512(1);
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int b = 0; b < blocks; b++) {
-        if (wide)
+        if (wide && rows > 6)  /* up to 6 rows the AVX2 path already makes one pass */
             block512(x, rows, k_dim, wp + (int64_t)b * k_dim * 16, y + b * 16, n_dim);
         else
             block(x, rows, k_dim, wp + (int64_t)b * k_dim * 16, y + b * 16, n_dim);
