@@ -502,12 +502,17 @@ def main(argv=None) -> int:
                 print(f"  {label:10s} {kernel:8s} ({how})")
             if rec:
                 print(f"  choice: {rec['source']}, {rec['path']}")
+                loads = rec.get("others_cores")  # other processes' load (cores) during each timing
+                if loads and loads[0] is not None:
+                    print(f"  other processes' load on this process's cores while timed: "
+                          f"{', '.join(f'{x:.2f}' for x in loads)} cores ({len(loads)} timing(s))")
             why = stream_kernel.unavailable_reason()
             print("  stream kernel: " + (f"unavailable here ({why}), not timed" if why else
                                          f"built with the system C compiler into {stream_kernel.cache_dir()}"))
             machine["matmul_kernels"] = kernels
             machine["matmul_tuning"] = None if rec is None else {"ms": rec["ms"], "source": rec["source"],
-                                                                  "path": rec["path"], "key": rec["key"]}
+                                                                  "path": rec["path"], "key": rec["key"],
+                                                                  "others_cores": rec.get("others_cores")}
             machine["stream_kernel_unavailable"] = why
         load1 = os.getloadavg()
         goal = goal_status(results)
