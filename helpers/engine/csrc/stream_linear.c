@@ -1,10 +1,10 @@
 /* y[r, n] = sum_k x[r, k] * W[n, k] for a few rows r, W stored in blocks of 16 output columns:
- * wp[n / 16][k][16] (helpers.engine.stream.stream_layout). Each block is read from memory once for all rows
+ * wp[n / 16][k][16] (helpers.engine.stream_kernel.stream_layout). Each block is read from memory once for all rows
  * (up to six rows per pass over a block, which then stays in L1/L2), with a software prefetch 4 KB ahead so
  * that reading the next block overlaps the arithmetic on this one: a step over 8 rows then costs little more
  * than a step over one. Threads split the blocks (OpenMP: the runtime torch has loaded). With AVX-512, up to 16
  * rows share a pass (rows_block512), with the same sums in the same order. Built at run time
- * by helpers/engine/stream.py with the system C compiler; without one, or without AVX2 + FMA, the engine
+ * by helpers/engine/stream_kernel.py with the system C compiler; without one, or without AVX2 + FMA, the engine
  * uses its other kernels. */
 #include <immintrin.h>
 #include <stdint.h>
