@@ -54,8 +54,10 @@ def run_child(a, threads: int, env: dict) -> dict:
     if a.model_path:
         cmd += ["--model-path", a.model_path]
     full_env = dict(os.environ, OMP_NUM_THREADS=str(threads), **env)
-    out = subprocess.run(cmd, env=full_env, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    out = subprocess.run(cmd, env=full_env, capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"the {threads}-thread child ({env or 'default environment'}) failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> int:
