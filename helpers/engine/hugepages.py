@@ -60,18 +60,20 @@ class Arena:
         self.advised = huge and _madvise(self.buffer.data_ptr(), self.nbytes // HUGE_PAGE * HUGE_PAGE)
 
     @staticmethod
+    def _nbytes(shape, dtype: torch.dtype) -> int:
+        return torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+
+    @staticmethod
     def size_of(shape, dtype: torch.dtype = torch.float32) -> int:
         """Bytes :meth:`empty` takes for a tensor of ``shape`` (aligned)."""
-        n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        return -(-n // ALIGN) * ALIGN
+        return -(-Arena._nbytes(shape, dtype) // ALIGN) * ALIGN
 
     def empty(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """An uninitialised contiguous tensor of ``shape`` from the arena (refuses beyond its size)."""
         size = self.size_of(shape, dtype)
         if self.used + size > self.nbytes:
             raise ValueError(f"Arena of {self.nbytes} bytes is full ({self.used} used, {size} more asked)")
-        n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        out = self.buffer[self.used:self.used + n].view(dtype).view(shape)
+        out = self.buffer[self.used:self.used + self._nbytes(shape, dtype)].view(dtype).view(shape)
         self.used += size
         return out
 

@@ -216,9 +216,9 @@ class CpuWeight:
     @classmethod
     def arena_bytes(cls, w: torch.Tensor, kernels: dict[str, str], kinds=None) -> int:
         """Bytes :meth:`build` takes from an arena for ``w``: the matrix, and its "stream" copy if one is made."""
-        n = Arena.size_of(w.shape)
-        if "stream" in cls._wanted(kernels, kinds) and kernel_available("stream") and stream_kernel.stream_shape(w):
-            n += Arena.size_of(stream_kernel.stream_shape(w))
+        n, shape = Arena.size_of(w.shape), stream_kernel.stream_shape(w)
+        if "stream" in cls._wanted(kernels, kinds) and kernel_available("stream") and shape:
+            n += Arena.size_of(shape)
         return n
 
     def traced(self, t: torch.Tensor) -> "CpuWeight":
