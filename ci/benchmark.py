@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import helpers  # noqa: E402
 from helpers.engine import kernel_choice  # noqa: E402
 from helpers.engine import kernels as engine_kernels  # noqa: E402
-from helpers.engine import stream_kernel  # noqa: E402
+from helpers.engine import clib  # noqa: E402
 from helpers.engine import model as engine_model  # noqa: E402
 from helpers.engine.hugepages import Arena  # noqa: E402
 from helpers.engine.model import linear  # noqa: E402
@@ -506,9 +506,9 @@ def main(argv=None) -> int:
                 if loads and loads[0] is not None:
                     print(f"  other processes' load on this process's cores while timed: "
                           f"{', '.join(f'{x:.2f}' for x in loads)} cores ({len(loads)} timing(s))")
-            why = stream_kernel.unavailable_reason()
+            why = clib.unavailable_reason()
             print("  stream kernel: " + (f"unavailable here ({why}), not timed" if why else
-                                         f"built with the system C compiler into {stream_kernel.cache_dir()}"))
+                                         f"built with the system C compiler into {clib.cache_dir()}"))
             machine["matmul_kernels"] = kernels
             machine["matmul_tuning"] = None if rec is None else {"ms": rec["ms"], "source": rec["source"],
                                                                   "path": rec["path"], "key": rec["key"],

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import helpers
+from helpers.engine import fused_ops
 from helpers.engine import kernel_choice as KC
 from helpers.engine import kernels as K
 from helpers.engine.config import NeuronConfig
@@ -141,6 +142,7 @@ def test_the_first_writer_wins(fresh_cache):
 
 LOGITS = """
 import sys, torch, helpers
+from helpers.engine import fused_ops
 from helpers.engine import kernel_choice as KC
 KC.time_here = lambda repeats=3: {c: {"kernel": k, "ms": {k: 1.0}} for c, k in %r.items()}
 m = helpers.NeuronModel.from_pretrained(sys.argv[1], n_positions=64).to_neuron()
@@ -186,7 +188,8 @@ def test_a_saved_model_loads_with_its_kernels(saved, tiny, monkeypatch):
     """The manifest records the kernels the model ran; a machine whose own choice differs loads it with the
     recorded ones, and reproduces its tokens and logits bit for bit."""
     d, m = saved
-    assert json.loads((d / "graphs-rank0.json").read_text())["matmul_kernels"] == m.model.matmul_kernels == A
+    assert m.model.matmul_kernels == A and m.model.fused == (fused_ops.planned() == "fused")
+    assert json.loads((d / "graphs-rank0.json").read_text())["matmul_kernels"] == dict(A, ops=fused_ops.planned())
     monkeypatch.setattr(KC, "_chosen", {k: dict(v, kernels=B) for k, v in KC._chosen.items()})  # "another machine"
     assert KC.planned_kernels() == B
     loaded = helpers.NeuronModel.from_pretrained(tiny, n_positions=64).load(d).to_neuron()
@@ -206,3 +209,18 @@ def test_a_saved_model_refuses_a_kernel_it_cannot_run(saved, tiny, monkeypatch):
     monkeypatch.setenv("NEURON_NB_GEMV", "packed")
     with pytest.raises(KC.KernelMismatchError, match=r"one_row: 'mkl', but \$NEURON_NB_GEMV .* forces 'packed'"):
         helpers.NeuronModel.from_pretrained(tiny, n_positions=64).load(d)
+    monkeypatch.delenv("NEURON_NB_GEMV")
+    ran = fused_ops.planned()
+    other = "torch" if ran == "fused" else "fused"
+    if other == "torch" or fused_ops.available():
+        monkeypatch.setenv("NEURON_NB_OPS", other)
+        with pytest.raises(KC.KernelMismatchError, match=rf"ops: '{ran}', but \$NEURON_NB_OPS forces"):
+            helpers.NeuronModel.from_pretrained(tiny, n_positions=64).load(d)
+
+
+def test_the_ops_a_record_names_and_an_older_record_without_them():
+    """The ops between the matmuls are part of the record: a record from before them ran torch's ops."""
+    assert KC.check_recorded(dict(A)) == dict(A, ops="torch")
+    assert KC.check_recorded(dict(A, ops="torch")) == dict(A, ops="torch")
+    with pytest.raises(KC.KernelMismatchError, match=r"ops: 'cuda' is none of"):
+        KC.check_recorded(dict(A, ops="cuda"))

@@ -34,12 +34,14 @@ def _export_model(**nc):
 
 @pytest.fixture(scope="module", autouse=True)
 def library_kernels():
-    """Exported graphs trace ATen ops; the eager engine's default "stream" kernel is not one. With the kernels the
-    graphs traced forced on the eager side too (one row MKL, several rows oneDNN), graphs and eager engine run the
-    same ops and must agree bit for bit (and the LM head, eager in both, runs the same kernel)."""
+    """Exported graphs trace ATen ops; the eager engine's default "stream" kernel and its C ops between the matmuls
+    (helpers.engine.fused_ops) are not. With the kernels the graphs traced forced on the eager side too (one row MKL,
+    several rows oneDNN, torch's ops), graphs and eager engine run the same ops and must agree bit for bit (and the
+    LM head and final norm, eager in both, run the same kernels)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("NEURON_NB_GEMV", "mkl")
         mp.setenv("NEURON_NB_GEMM", "onednn")
+        mp.setenv("NEURON_NB_OPS", "torch")
         yield
 
 
@@ -73,9 +75,9 @@ def test_exported_graphs_are_bitwise_the_eager_engine(saved, eager):
 
 
 def test_exported_graphs_agree_with_the_default_eager_engine(monkeypatch):
-    """With the default kernels (the eager engine's "stream" is no ATen op, so the graphs trace MKL / oneDNN in its
-    place): the same tokens, logits within f32 rounding."""
-    for env in ("NEURON_NB_GEMV", "NEURON_NB_GEMM"):
+    """With the default kernels (the eager engine's "stream" and fused ops are no ATen ops, so the graphs trace MKL /
+    oneDNN and torch's ops in their place): the same tokens, logits within f32 rounding."""
+    for env in ("NEURON_NB_GEMV", "NEURON_NB_GEMM", "NEURON_NB_OPS"):
         monkeypatch.delenv(env)
     out, logits = _sample(_export_model().to_neuron())
     ref_out, ref_logits = _sample(helpers.NeuronModel.from_pretrained(None, **KW).to_neuron())

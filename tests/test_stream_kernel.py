@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from helpers.engine import kernels as E
-from helpers.engine import stream_kernel
+from helpers.engine import clib, stream_kernel
 
-needs_stream = pytest.mark.skipif(stream_kernel.load() is None, reason=f"stream kernel unavailable: {stream_kernel.unavailable_reason()}")
+needs_stream = pytest.mark.skipif(clib.load() is None, reason=f"stream kernel unavailable: {clib.unavailable_reason()}")
 
 
 @needs_stream
@@ -37,7 +37,7 @@ def test_stream_linear_is_f_linear(rows, threads):
 
 
 @needs_stream
-@pytest.mark.skipif(stream_kernel.load() is None or not stream_kernel.use_avx512(), reason="no AVX-512 here")
+@pytest.mark.skipif(clib.load() is None or not stream_kernel.use_avx512(), reason="no AVX-512 here")
 @pytest.mark.parametrize("rows", [1, 5, 6, 7, 8, 13, 16, 17, 40])
 def test_the_avx512_path_gives_the_avx2_paths_bits(rows):
     """Up to 16 rows per pass with AVX-512, 6 with AVX2: the same FMAs in the same order, so the same bits (a saved
@@ -70,21 +70,21 @@ def test_stream_layout_needs_whole_blocks_and_refuses_a_mismatch():
 def test_built_once_into_the_cache(tmp_path, monkeypatch):
     """The library lives in the one cache home, helpers.model_store.cache_dir() ($NEURON_NB_CACHE), under kernels/."""
     monkeypatch.setenv("NEURON_NB_CACHE", str(tmp_path))
-    monkeypatch.setattr(stream_kernel, "_state", {})
-    assert stream_kernel.load() is not None and stream_kernel.unavailable_reason() is None
-    (built,) = (tmp_path / "kernels").glob("stream_linear-*.so")
+    monkeypatch.setattr(clib, "_state", {})
+    assert clib.load() is not None and clib.unavailable_reason() is None
+    (built,) = (tmp_path / "kernels").glob("cpu_kernels-*.so")
     stamp = built.stat().st_mtime_ns
-    monkeypatch.setattr(stream_kernel, "_state", {})
-    assert stream_kernel.load() is not None and built.stat().st_mtime_ns == stamp  # reused, not rebuilt
+    monkeypatch.setattr(clib, "_state", {})
+    assert clib.load() is not None and built.stat().st_mtime_ns == stamp  # reused, not rebuilt
 
 
 def test_without_a_compiler_it_says_why_and_is_left_out(tmp_path, monkeypatch):
     monkeypatch.setenv("NEURON_NB_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "no-such-cc")
-    monkeypatch.setattr(stream_kernel, "_state", {})
+    monkeypatch.setattr(clib, "_state", {})
     for env in E.MATMUL_ENV.values():
         monkeypatch.delenv(env, raising=False)
-    assert stream_kernel.load() is None and "no-such-cc" in stream_kernel.unavailable_reason()
+    assert clib.load() is None and "no-such-cc" in clib.unavailable_reason()
     assert not E.kernel_available("stream") and "stream" not in E.default_kernels().values()
     w = E.CpuWeight.build(torch.randn(32, 16), {}, E.COPIES)
     assert not any("stream" in E.candidates(case, [w], 2) for case in E.MATMUL_KERNELS)
@@ -96,10 +96,10 @@ def test_without_a_compiler_it_says_why_and_is_left_out(tmp_path, monkeypatch):
 
 def test_a_library_that_does_not_load_is_reported_not_raised(tmp_path, monkeypatch):
     monkeypatch.setenv("NEURON_NB_CACHE", str(tmp_path))
-    monkeypatch.setattr(stream_kernel, "_state", {})
-    bad = stream_kernel.library_path(os.environ.get("CC") or "cc")  # e.g. a cache shared with another machine
+    monkeypatch.setattr(clib, "_state", {})
+    bad = clib.library_path(os.environ.get("CC") or "cc")  # e.g. a cache shared with another machine
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"not a shared library")
     if shutil.which(os.environ.get("CC") or "cc") is None or platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("no compiler or not x86-64: the library is never loaded here")
-    assert stream_kernel.load() is None and "could not load" in stream_kernel.unavailable_reason()
+    assert clib.load() is None and "could not load" in clib.unavailable_reason()

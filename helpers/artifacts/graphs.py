@@ -18,9 +18,10 @@ LM head run eagerly around the graphs.
 Artifacts (``NeuronConfig(compiled=...)``):
 
 - ``"export"``: ``torch.export`` programs saved with ``torch.export.save`` (``.pt2``): the ATen ops the
-  eager engine runs with library kernels (bitwise identical to it with ``$NEURON_NB_GEMV=mkl`` and
-  ``$NEURON_NB_GEMM=onednn``); the default eager engine's "stream" kernel is no ATen op, so against it
-  the outputs agree within f32 rounding.
+  eager engine runs with library kernels and torch's ops (bitwise identical to it with ``$NEURON_NB_GEMV=mkl``,
+  ``$NEURON_NB_GEMM=onednn`` and ``$NEURON_NB_OPS=torch``); the default eager engine's "stream" kernel and C ops
+  between the matmuls (``helpers.engine.fused_ops``) are no ATen ops, so against it the outputs agree within f32
+  rounding.
 - ``"aoti"``: each exported program compiled by AOTInductor into a C++ shared library inside a
   ``.pt2`` package (``torch._inductor.aoti_compile_and_package``): real ahead-of-time machine code,
   the closest analogue of a NEFF; loading one is a ``dlopen``.

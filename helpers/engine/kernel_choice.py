@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 
 from ..model_store import cache_dir
+from . import clib, fused_ops
 from . import kernels as K
-from . import stream_kernel
 from .hugepages import Arena, thp_mode
 
 FORMAT = 2  # 2: the weights (and the timed ones) live in a huge-page arena (helpers.engine.hugepages)
@@ -78,7 +78,7 @@ def machine_key(threads: int | None = None) -> dict:
     return {"format": FORMAT, "cpu": info["model"], "machine": info["machine"], "flags": info["flags_sha256"],
             "threads": torch.get_num_threads() if threads is None else threads, "torch": torch.__version__,
             "available": sorted({k for ks in K.MATMUL_KERNELS.values() for k in ks if K.kernel_available(k)}),
-            "stream_source": hashlib.sha256(stream_kernel.SOURCE.read_bytes()).hexdigest()[:16], "pages": thp_mode(),
+            "stream_source": clib.source_digest(), "pages": thp_mode(),
             "shapes": hashlib.sha256(json.dumps([SHAPES, K.MATMUL_TUNE_ROWS, K.FEW_ROWS]).encode()).hexdigest()[:16]}
 
 
@@ -245,11 +245,14 @@ def planned_kernels(threads: int | None = None) -> dict[str, str]:
 
 
 def check_recorded(recorded: dict | None, what: str = "the saved model") -> dict | None:
-    """``recorded`` (a saved model's kernels) if this machine can run every one of them and no environment variable
-    forces another; else :class:`KernelMismatchError` naming the kernel. None (nothing recorded: an older save, or
-    a model without the CPU kernels) passes."""
+    """``recorded`` (a saved model's kernels, :func:`recorded`) if this machine can run every one of them and no
+    environment variable forces another; else :class:`KernelMismatchError` naming the kernel. None (nothing
+    recorded: an older save, or a model without the CPU kernels) passes. A record without ``"ops"`` (saved before
+    the fused ops existed) ran torch's."""
     if recorded is None:
         return None
+    recorded = dict(recorded)
+    ops = recorded.pop("ops", "torch")
     problems = []
     for case, kernel in recorded.items():
         if case not in K.MATMUL_KERNELS or kernel not in K.MATMUL_KERNELS[case]:
@@ -261,17 +264,23 @@ def check_recorded(recorded: dict | None, what: str = "the saved model") -> dict
     missing = set(K.MATMUL_KERNELS) - set(recorded)
     if missing:
         problems.append(f"no kernel recorded for {', '.join(sorted(missing))}")
+    if ops not in fused_ops.CHOICES:
+        problems.append(f"ops: {ops!r} is none of {fused_ops.CHOICES}")
+    elif ops == "fused" and not fused_ops.available():
+        problems.append(f"ops: 'fused' is unavailable here ({clib.unavailable_reason()})")
+    elif (forced := fused_ops.forced()) and forced != ops:
+        problems.append(f"ops: {ops!r}, but ${fused_ops.ENV} forces {forced!r}")
     if problems:
         raise KernelMismatchError(
-            f"{what} ran its f32 matmuls with {recorded} and would not reproduce its outputs here: "
+            f"{what} ran its f32 matmuls with {dict(recorded, ops=ops)} and would not reproduce its outputs here: "
             + "; ".join(problems) + ". Unset the variable, or build the model without load() and save() again.")
-    return dict(recorded)
+    return dict(recorded, ops=ops)
 
 
 def build_kernels(recorded: dict | None = None) -> dict[str, str]:
-    """The kernels a build uses: the ``recorded`` ones of a saved model (:func:`check_recorded`), else
-    :func:`planned_kernels`."""
-    return check_recorded(recorded) or planned_kernels()
+    """The kernels a build uses, with ``"ops"`` (``helpers.engine.fused_ops``): the ``recorded`` ones of a saved
+    model (:func:`check_recorded`), else :func:`planned_kernels` and ``fused_ops.planned()``."""
+    return check_recorded(recorded) or dict(planned_kernels(), ops=fused_ops.planned())
 
 
 def use_cpu_kernels(tr, pack: bool = True, recorded: dict | None = None):
@@ -280,10 +289,13 @@ def use_cpu_kernels(tr, pack: bool = True, recorded: dict | None = None):
     ``tr.matmul_kernels`` records the kernels. ``pack=False``: the
     column-major layout only (int8 storage replaces the projections next; the rest runs ``F.linear``)."""
     kernels = build_kernels(recorded) if pack else None
+    ops = None if kernels is None else kernels.pop("ops")
     if kernels is None:
         tr.w.relayout(K.column_major)
     else:  # the matrices and their kernels' copies in one huge-page arena: the same bytes, fewer TLB misses
         arena = Arena(sum(K.CpuWeight.arena_bytes(t, kernels) for t in tr.w.matrices()))
         tr.w.relayout(lambda t: K.CpuWeight.build(t, kernels, arena=arena))
     tr.matmul_kernels = None if kernels is None else dict(kernels)
+    tr.fused = ops == "fused"
     return tr
+

@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from . import stream_kernel
+from . import clib, stream_kernel
 from .hugepages import Arena
 
 
@@ -67,7 +67,7 @@ def onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = Non
 # -- the kernels' own copies of the weights ---------------------------------------------------------
 def kernel_available(kernel: str) -> bool:
     if kernel == "stream":
-        return stream_kernel.load() is not None
+        return clib.load() is not None
     if kernel == "packed":
         return _MKLDNN_REORDER is not None
     if kernel == "onednn":
@@ -118,7 +118,7 @@ def unavailable_reason(kernel: str) -> str | None:
     """Why ``kernel`` cannot run here, or None."""
     if kernel_available(kernel):
         return None
-    return stream_kernel.unavailable_reason() if kernel == "stream" else "this torch build has no oneDNN"
+    return clib.unavailable_reason() if kernel == "stream" else "this torch build has no oneDNN"
 
 
 def default_kernels() -> dict[str, str]:

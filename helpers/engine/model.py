@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from transformers import AutoConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from . import fused_ops
 from .config import ModelArgs
 from .kv_cache import KVCache
 from .weights import LayerWeights, RankWeights
@@ -78,6 +79,9 @@ class Transformer:
         self.args, self.w, self.comm = args, w, comm
         self.dtype, self.device = dtype, device
         self.matmul_kernels: dict | None = None  # the CPU kernel per shape family, when they run (kernel_choice)
+        self.fused = False  # the ops between the matmuls in C (helpers.engine.fused_ops), where kernel_choice chose them
+        group = w.kv_group if w.kv_group is not None else torch.arange(w.n_q) // max(1, w.n_q // w.n_kv)
+        self.head_kv = group.to(torch.int32)  # the KV head of each query head (fused_ops.attention)
         inv_freq, scale = rope_inv_freq(args)
         pos = torch.arange(n_positions, dtype=torch.float)
         freqs = pos[:, None] * inv_freq[None, :]
@@ -99,6 +103,13 @@ class Transformer:
         """The positions its RoPE tables cover (``n_positions``)."""
         return self.cos.shape[0]
 
+    @property
+    def kernels_record(self) -> dict | None:
+        """What a saved model records of the CPU kernels this model runs with: ``matmul_kernels`` and ``"ops"`` (the
+        ops between them: ``"fused"``, ``helpers.engine.fused_ops``, or ``"torch"``); None where they do not run.
+        A load builds with the same (``helpers.engine.kernel_choice.check_recorded``)."""
+        return None if self.matmul_kernels is None else dict(self.matmul_kernels, ops="fused" if self.fused else "torch")
+
     def kv_cache_bytes(self) -> int:
         return self.cache.nbytes
 
@@ -109,15 +120,29 @@ class Transformer:
         qkv = linear(h, L.wqkv, L.bqkv)
         return qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
 
+    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The model's RMSNorm: in C where the build chose the fused ops (``helpers.engine.fused_ops``)."""
+        if self.fused and fused_ops.norm_fits(x):
+            return fused_ops.rms_norm(x, weight, self.args.rms_norm_eps)
+        return rms_norm(x, weight, self.args.rms_norm_eps)
+
     def attention(self, q, k, v, kv: KVCache, cos, sin, slots, kv_len: int, attn_mask):
         """RoPE (``cos``/``sin`` [B, T, 1, D], ``sin`` sign-folded, see ``apply_rope``), write K/V at ``slots`` of
         the layer's cache ``kv`` (``kv.update``), attend over [0, kv_len) -> [B, T, n_q * head_dim] (GQA mapping of
-        this rank's layout). Seam: ``helpers.parallel`` exchanges rows and heads around it (SHARD_OVER_BATCH)."""
+        this rank's layout). Seam: ``helpers.parallel`` exchanges rows and heads around it (SHARD_OVER_BATCH).
+        With the fused ops (``self.fused``): RoPE in place on ``q`` and ``k`` (fresh projections) and, for a few
+        query rows, the attention, each one C call."""
         B, T, _ = q.shape
         D = self.args.head_dim
-        q = apply_rope(q.reshape(B, T, -1, D), cos, sin).transpose(1, 2)
-        k = apply_rope(k.reshape(B, T, -1, D), cos, sin).transpose(1, 2)
+        if self.fused and fused_ops.rope_fits(q, k, D):
+            q, k = fused_ops.rope_(q, cos, sin, D), fused_ops.rope_(k, cos, sin, D).reshape(B, T, -1, D).transpose(1, 2)
+        else:
+            q = apply_rope(q.reshape(B, T, -1, D), cos, sin).reshape(B, T, -1)
+            k = apply_rope(k.reshape(B, T, -1, D), cos, sin).transpose(1, 2)
         k, v = kv.update(slots, k, v.reshape(B, T, -1, D).transpose(1, 2), kv_len)
+        if self.fused and fused_ops.attention_fits(q, k, v, attn_mask):
+            return fused_ops.attention(q, k, v, attn_mask, self.head_kv, D)
+        q = q.reshape(B, T, -1, D).transpose(1, 2)
         if self.w.kv_group is not None:  # arbitrary q->kv mapping (padded / replicated layouts)
             o = F.scaled_dot_product_attention(q, k[:, self.w.kv_group], v[:, self.w.kv_group], attn_mask=attn_mask)
         else:
@@ -127,14 +152,16 @@ class Transformer:
     def attn_block(self, x, L: LayerWeights, kv: KVCache, cos, sin, slots, kv_len: int, attn_mask):
         """One layer's attention from its input norm to o_proj, up to the all-reduce (one compiled graph
         per bucket in helpers.artifacts)."""
-        h = rms_norm(x, L.ln1, self.args.rms_norm_eps)
+        h = self.norm(x, L.ln1)
         q, k, v = self.qkv(L, h)
         return linear(self.attention(q, k, v, kv, cos, sin, slots, kv_len, attn_mask), L.wo)
 
     def mlp_block(self, x, L: LayerWeights):
         """One layer's gated MLP up to its all-reduce."""
-        h = rms_norm(x, L.ln2, self.args.rms_norm_eps)
-        g, u = linear(h, L.w13).chunk(2, dim=-1)
+        gu = linear(self.norm(x, L.ln2), L.w13)
+        if self.fused and fused_ops.swiglu_fits(gu):
+            return linear(fused_ops.swiglu(gu), L.w2)
+        g, u = gu.chunk(2, dim=-1)
         return linear(F.silu(g) * u, L.w2)
 
     @torch.inference_mode()
@@ -142,7 +169,7 @@ class Transformer:
         """``blocks`` = (attn, mlp) callables with the signatures of ``attn_block`` / ``mlp_block``:
         the compiled per-bucket graphs of helpers.artifacts; None = eager. The all-reduces stay here,
         between blocks, so a compiled graph of a heads-sharded layout contains no collective."""
-        a, w = self.args, self.w
+        w = self.w
         B, T = tokens.shape
         attn, mlp = blocks or (self.attn_block, self.mlp_block)
         x = F.embedding(tokens, w.embed)
@@ -155,7 +182,7 @@ class Transformer:
             x = x + self.comm.all_reduce(mlp(x, L))
         if logit_idx is not None:
             x = x[torch.arange(B, device=x.device)[:, None], logit_idx]
-        x = rms_norm(x, w.norm, a.rms_norm_eps)
+        x = self.norm(x, w.norm)
         logits = self.comm.all_gather(linear(x, w.lm_head), dim=-1)
         return logits[..., : w.vocab_size].float()
 

@@ -103,7 +103,7 @@ class _RankServer:
         """This rank's graphs and manifest (+ presharded weights) under its rank's file names."""
         meta = p["weights_meta"][self.rank] if p["sharded_weights"] else None
         saved = save_rank(p["directory"], self.graphs, {**p["fields"], "rank": self.rank}, self.build_report,
-                          _storable(self.model.w) if p["sharded_weights"] else None, meta, self.model.matmul_kernels)
+                          _storable(self.model.w) if p["sharded_weights"] else None, meta, self.model.kernels_record)
         return {"rank": self.rank, **saved}
 
     def bench_all_reduce(self, payload):

@@ -1,0 +1,146 @@
+/* The small ops between a decode step's matmuls, one call each instead of a dozen ATen ops: RMSNorm, RoPE on
+ * q and k, attention of a few query rows over the KV cache, and SwiGLU (silu(g) * u). In f32, with AVX2 + FMA.
+ * helpers/engine/fused_ops.py calls them (through ctypes) where a step's shapes allow, and says when.
+ *
+ * Every output element is computed by one thread in a fixed order (no sum is split across threads), so the
+ * results are bitwise the same for any thread count and any batch composition. exp is one polynomial (Cephes'
+ * expf: range reduction by ln 2, degree-6 polynomial, about 1 ulp) in every lane. All lengths here are multiples
+ * of 8 (fused_ops checks before calling): no scalar tails. */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+#define V8 __attribute__((target("avx2,fma")))
+
+V8 static inline float hsum(__m256 a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+V8 static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3365447505f)), _mm256_set1_ps(88.3762626647f));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* out[r] = w * (x[r] * rsqrt(mean(x[r]^2) + eps)) for rows of n (transformers' LlamaRMSNorm in f32). */
+V8 void ops_rms_norm(const float* x, const float* w, float eps, int rows, int n, float* out, int threads) {
+    #pragma omp parallel for num_threads(threads) if (rows >= 8)
+    for (int r = 0; r < rows; r++) {
+        const float* xr = x + (int64_t)r * n;
+        float* o = out + (int64_t)r * n;
+        __m256 acc = _mm256_setzero_ps();
+        for (int i = 0; i < n; i += 8) {
+            __m256 v = _mm256_loadu_ps(xr + i);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        __m256 s = _mm256_set1_ps(1.0f / sqrtf(hsum(acc) / (float)n + eps));
+        for (int i = 0; i < n; i += 8)
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(xr + i), s)));
+    }
+}
+
+/* RoPE in place on heads [first, first + heads) of each row of qkv (row r at qkv + r * row_stride, head h at
+ * h * d): x * cos + rotate_half(x) * sin, with sin_signed = cat(-sin[:d/2], sin[d/2:]) (helpers.engine.model).
+ * cos / sin_signed: one [d] row per qkv row. */
+V8 void ops_rope(float* qkv, int rows, int64_t row_stride, int first, int heads, int d,
+                 const float* cos, const float* sin_signed) {
+    int half = d / 2;
+    for (int r = 0; r < rows; r++) {
+        const float* c = cos + (int64_t)r * d;
+        const float* s = sin_signed + (int64_t)r * d;
+        for (int h = first; h < first + heads; h++) {
+            float* x = qkv + (int64_t)r * row_stride + (int64_t)h * d;
+            for (int i = 0; i < half; i += 8) {
+                __m256 x1 = _mm256_loadu_ps(x + i), x2 = _mm256_loadu_ps(x + half + i);
+                __m256 a = _mm256_add_ps(_mm256_mul_ps(x1, _mm256_loadu_ps(c + i)),
+                                         _mm256_mul_ps(x2, _mm256_loadu_ps(s + i)));
+                __m256 b = _mm256_add_ps(_mm256_mul_ps(x2, _mm256_loadu_ps(c + half + i)),
+                                         _mm256_mul_ps(x1, _mm256_loadu_ps(s + half + i)));
+                _mm256_storeu_ps(x + i, a);
+                _mm256_storeu_ps(x + half + i, b);
+            }
+        }
+    }
+}
+
+/* out[b, t, h*d:(h+1)*d] = softmax(q . k_j * scale over visible j) . v_j for query head h over kv head
+ * head_kv[h]. q[b, t, h] at q + b*q_sb + t*q_st + h*d; k[b, g, j] at k + b*k_sb + g*k_sg + j*k_sj (v alike);
+ * mask[b, t, j] (nonzero = visible) at mask + b*m_sb + t*m_st + j. A query that sees nothing gets zeros. */
+V8 void ops_attention(const float* q, int64_t q_sb, int64_t q_st,
+                      const float* k, int64_t k_sb, int64_t k_sg, int64_t k_sj,
+                      const float* v, int64_t v_sb, int64_t v_sg, int64_t v_sj,
+                      const uint8_t* mask, int64_t m_sb, int64_t m_st, const int32_t* head_kv,
+                      int batch, int t_len, int heads, int d, int kv_len, float scale, float* out, int threads) {
+    int padded = (kv_len + 7) & ~7;
+    int64_t work = (int64_t)batch * t_len * heads * kv_len * d;
+    #pragma omp parallel for collapse(3) num_threads(threads) if (work >= 65536)
+    for (int b = 0; b < batch; b++)
+        for (int t = 0; t < t_len; t++)
+            for (int h = 0; h < heads; h++) {
+                const float* qv = q + b * q_sb + t * q_st + (int64_t)h * d;
+                const float* kb = k + b * k_sb + head_kv[h] * k_sg;
+                const float* vb = v + b * v_sb + head_kv[h] * v_sg;
+                const uint8_t* m = mask + b * m_sb + t * m_st;
+                float* o = out + (((int64_t)b * t_len + t) * heads + h) * d;
+                float p[padded];
+                float mx = -INFINITY;
+                for (int j = 0; j < padded; j++) {
+                    if (j >= kv_len || !m[j]) { p[j] = -INFINITY; continue; }
+                    const float* kj = kb + j * k_sj;
+                    __m256 acc = _mm256_setzero_ps();
+                    for (int i = 0; i < d; i += 8)
+                        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qv + i), _mm256_loadu_ps(kj + i), acc);
+                    p[j] = hsum(acc) * scale;
+                    if (p[j] > mx) mx = p[j];
+                }
+                for (int i = 0; i < d; i += 8)
+                    _mm256_storeu_ps(o + i, _mm256_setzero_ps());
+                if (mx == -INFINITY)
+                    continue;
+                __m256 sum = _mm256_setzero_ps(), vmx = _mm256_set1_ps(mx);
+                for (int j = 0; j < padded; j += 8) {
+                    __m256 s = _mm256_loadu_ps(p + j);
+                    __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(s, vmx)),  /* exactly 0 where masked */
+                                             _mm256_cmp_ps(s, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ));
+                    _mm256_storeu_ps(p + j, e);
+                    sum = _mm256_add_ps(sum, e);
+                }
+                __m256 inv = _mm256_set1_ps(1.0f / hsum(sum));
+                for (int i = 0; i < d; i += 8) {
+                    __m256 acc = _mm256_setzero_ps();
+                    for (int j = 0; j < kv_len; j++)
+                        if (p[j] != 0.0f)
+                            acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(vb + j * v_sj + i), acc);
+                    _mm256_storeu_ps(o + i, _mm256_mul_ps(acc, inv));
+                }
+            }
+}
+
+/* out[r] = silu(gu[r, :n]) * gu[r, n:2n], silu(g) = g / (1 + exp(-g)) (torch's silu). */
+V8 void ops_swiglu(const float* gu, int rows, int n, float* out, int threads) {
+    #pragma omp parallel for num_threads(threads) if (rows >= 8)
+    for (int r = 0; r < rows; r++) {
+        const float* g = gu + (int64_t)r * 2 * n;
+        const float* u = g + n;
+        float* o = out + (int64_t)r * n;
+        for (int i = 0; i < n; i += 8) {
+            __m256 x = _mm256_loadu_ps(g + i);
+            __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            __m256 sg = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(sg, _mm256_loadu_ps(u + i)));
+        }
+    }
+}
