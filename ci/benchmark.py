@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import helpers  # noqa: E402
 from helpers.engine import kernel_choice  # noqa: E402
 from helpers.engine import kernels as engine_kernels  # noqa: E402
-from helpers.engine import clib  # noqa: E402
+from helpers.engine import clib, fused_ops  # noqa: E402
 from helpers.engine import model as engine_model  # noqa: E402
 from helpers.engine.hugepages import Arena  # noqa: E402
 from helpers.engine.model import linear  # noqa: E402
@@ -181,15 +181,20 @@ def bench_config(amp: str, batch: int, a, tokenizer, bw: dict, device) -> dict:
     P, N = a.prompt_tokens, a.new_tokens
     ids = make_prompt(tokenizer, P, batch).to(device)
     mask = torch.ones_like(ids)
-    variants = [("engine", False)] + ([("engine_compiled", a.compiled)] if a.compiled else [])
+    # (name, compiled, $NEURON_NB_OPS): an engine that runs the C ops between its matmuls is timed beside one that
+    # runs torch's, in the same loop, so the ratio of the two is this run's
+    variants = [("engine", False, None)] + ([("engine_compiled", a.compiled, None)] if a.compiled else [])
     engines, runs = {}, {}
-    for name, compiled in variants:
+    for name, compiled, ops in variants:
         t = time.perf_counter()
-        m = helpers.NeuronModel.from_pretrained(a.model_path, batch_size=batch, n_positions=P + N, amp=amp,
-                                                context_length_estimate=P, device=str(device),
-                                                neuron_config=helpers.NeuronConfig(compiled=compiled))
-        m.to_neuron()
+        with mock.patch.dict(os.environ, {fused_ops.ENV: ops} if ops else {}):
+            m = helpers.NeuronModel.from_pretrained(a.model_path, batch_size=batch, n_positions=P + N, amp=amp,
+                                                    context_length_estimate=P, device=str(device),
+                                                    neuron_config=helpers.NeuronConfig(compiled=compiled))
+            m.to_neuron()
         engines[name] = {"model": m, "build_s": time.perf_counter() - t}
+        if name == "engine" and m.model.fused:
+            variants.append(("engine_torch_ops", False, "torch"))
         runs[name] = (lambda m: lambda clock: m.sample(ids, P + N, top_k=1, eos_token_override=[],
                                                        streamer=clock))(m)
     hf = helpers.load_hf_model(a.model_path, dtype=dtype).to(device)
@@ -222,7 +227,10 @@ def bench_config(amp: str, batch: int, a, tokenizer, bw: dict, device) -> dict:
     roof = bw["roofline_gbs"] * 1e9 / step_bytes
     res["roofline"] = {"bytes_per_step": step_bytes, "decode_tok_s": roof, "gbs": bw["roofline_gbs"]}
     res["ratios"] = {"engine_prefill_over_hf": res["engine"]["prefill_ms"]["median"] / res["hf"]["prefill_ms"]["median"]}
-    for name, _ in variants:
+    if "engine_torch_ops" in res:
+        res["ratios"]["engine_over_engine_torch_ops"] = (res["engine"]["decode_tok_s"]["median"]
+                                                         / res["engine_torch_ops"]["decode_tok_s"]["median"])
+    for name, *_ in variants:
         e = res[name]["decode_tok_s"]["median"]
         res["ratios"][name + "_over_hf"] = e / res["hf"]["decode_tok_s"]["median"]
         res["ratios"][name + "_over_roofline"] = e / roof
@@ -281,6 +289,7 @@ def print_steps(r: dict) -> None:
 
 
 LINEAR_EVENT = "engine::linear"  # every call of the engine's linear, whatever kernel runs it (the profile labels them)
+FUSED_EVENT, FUSED_OPS = "engine::c::", ("rms_norm", "rope_", "attention", "swiglu")  # and of its C ops (fused_ops)
 
 
 def profile_engine(m, ids, P: int, N: int, rows: int = 12) -> dict:
@@ -296,8 +305,17 @@ def profile_engine(m, ids, P: int, N: int, rows: int = 12) -> dict:
         with record_function(LINEAR_EVENT):
             return linear(x, w, b)
 
-    # the model's linear, looked up in its module at each call: labelled for this profile only
-    with mock.patch.object(engine_model, "linear", labelled):
+    def labelled_op(name, fn):
+        def run(*args):
+            with record_function(FUSED_EVENT + name):
+                return fn(*args)
+        return run
+
+    # the model's linear and C ops, looked up in their modules at each call: labelled for this profile only
+    with contextlib.ExitStack() as patched:
+        patched.enter_context(mock.patch.object(engine_model, "linear", labelled))
+        for name in FUSED_OPS:
+            patched.enter_context(mock.patch.object(fused_ops, name, labelled_op(name, getattr(fused_ops, name))))
         with torch.inference_mode():
             tok = m.forward(ids).argmax(-1, keepdim=True)
             with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -310,8 +328,10 @@ def profile_engine(m, ids, P: int, N: int, rows: int = 12) -> dict:
     print(ev.table(sort_by="self_cpu_time_total", row_limit=rows))
     top = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:rows]
     mm = sum(e.cpu_time_total for e in ev if e.key == LINEAR_EVENT) * 1e-6
+    c_ops = sum(e.cpu_time_total for e in ev if e.key.startswith(FUSED_EVENT)) * 1e-6
     return {"self_cpu_share": {e.key: e.self_cpu_time_total / total for e in top},
             "steps": steps, "ms_per_step_profiled": wall / steps * 1e3, "matmul_ms_per_step": mm / steps * 1e3,
+            "c_ops_ms_per_step": c_ops / steps * 1e3,
             "matmul_share": mm / (total * 1e-6), "matmul_gbs": streamed_bytes(m) * steps / mm / 1e9}
 
 
@@ -341,9 +361,10 @@ def print_config(r: dict) -> None:
     print(f"\n== amp={r['amp']}  batch={r['batch_size']}  prompt={r['prompt_tokens']}  new={r['new_tokens']}  "
           "(median [min-max]) ==")
     print(f"  {'':24s}{'decode tok/s/seq':>22s}{'prefill ms':>24s}{'first run s':>13s}{'build s':>9s}")
-    for name in [k for k in ("engine", "engine_compiled", "hf") if k in r]:
+    for name in [k for k in ("engine", "engine_torch_ops", "engine_compiled", "hf") if k in r]:
         x = r[name]
-        label = {"engine": "engine (eager)", "engine_compiled": "engine (compiled)", "hf": "HF generate()"}[name]
+        label = {"engine": "engine (eager)", "engine_torch_ops": "engine, torch's ops", "engine_compiled":
+                 "engine (compiled)", "hf": "HF generate()"}[name]
         build = f"{x['build_s']:9.1f}" if "build_s" in x else ""
         print(f"  {label:24s}{fmt(x['decode_tok_s']):>22s}{fmt(x['prefill_ms'], digits=0):>24s}"
               f"{x['first_run_s']:13.1f}{build}")
@@ -352,14 +373,15 @@ def print_config(r: dict) -> None:
           f"{roof['bytes_per_step'] / 1e6:.0f} MB per step")
     for k, v in r["ratios"].items():
         print(f"  {k:40s}{v:6.2f}")
-    for name in ("engine", "engine_compiled"):
+    for name in ("engine", "engine_torch_ops", "engine_compiled"):
         if name in r:
             d = r[name]["first_divergent_position"]
             print(f"  {name} greedy tokens identical to HF: " + ("yes" if d is None else f"no (from new token {d})"))
     if "profile" in r:
         p = r["profile"]
         print(f"  profile: {p['ms_per_step_profiled']:.1f} ms/step, of which matmuls {p['matmul_ms_per_step']:.1f} ms "
-              f"({p['matmul_share']:.0%} of CPU time) at {p['matmul_gbs']:.1f} GB/s")
+              f"({p['matmul_share']:.0%} of CPU time) at {p['matmul_gbs']:.1f} GB/s, the C ops between them "
+              f"{p['c_ops_ms_per_step']:.1f} ms")
         if "pause_cost" in p:
             c = p["pause_cost"]
             print(f"  the step's {c['matmuls']} matmuls alone: {c['pass_ms']:.1f} ms back to back, {c['paused_pass_ms']:.1f} ms with "

@@ -27,7 +27,7 @@ SIGNATURES = {  # name: (argument types, result type)
     "stream_linear": ([_P, _I, _I, _P, _I, _P, _I], None),
     "stream_use_avx512": ([_I], _I),
     "ops_rms_norm": ([_P, _P, _F, _I, _I, _P, _I], None),
-    "ops_rope": ([_P, _I, _L, _I, _I, _I, _P, _P], None),
+    "ops_rope": ([_P, _I, _L, _I, _I, _P, _P], None),
     "ops_attention": ([_P, _L, _L, _P, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _P,
                        _I, _I, _I, _I, _I, _F, _P, _I], None),
     "ops_swiglu": ([_P, _I, _I, _P, _I], None),

@@ -51,79 +51,85 @@ def planned() -> str:
     return forced() or ("fused" if available() else "torch")
 
 
-def fits(*tensors: torch.Tensor) -> bool:
-    """Whether the C ops can take these tensors: f32 on CPU with real storage (not traced by ``torch.export``)."""
-    return (not torch.compiler.is_compiling() and not torch.compiler.is_exporting()
-            and all(t.dtype == torch.float32 and t.device.type == "cpu"
-                    and not isinstance(t, torch._subclasses.FakeTensor) for t in tensors))
+def unfit_dims(hidden: int, head_dim: int, ffn: int) -> str | None:
+    """Why a model with these (per-rank) dims cannot run the C ops, or None. The C code loops over lengths in steps of 8
+    floats and rotates half a head at a time."""
+    if hidden % ALIGN or ffn % ALIGN:
+        return f"hidden size {hidden} and MLP width {ffn} must be multiples of {ALIGN}"
+    if head_dim % (2 * ALIGN):
+        return f"head_dim {head_dim} must be a multiple of {2 * ALIGN}"
+    return None
 
 
+def tracing() -> bool:
+    """Whether ``torch.export`` (or ``torch.compile``) is tracing: its tensors have no storage for C, and a graph must
+    hold ATen ops only, so the model runs torch's ops then."""
+    return torch.compiler.is_exporting() or torch.compiler.is_compiling()
+
+
+# The model (helpers.engine.model.Transformer) calls these on its own f32 CPU tensors, of dims unfit_dims accepted,
+# outside tracing(): they check no dtype or device, only what a step can change.
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm in f32 over the last dim (a multiple of 8)."""
+    """transformers' LlamaRMSNorm in f32 over the last dim."""
+    x = x if x.is_contiguous() else x.contiguous()
+    out = torch.empty_like(x)
     n = x.shape[-1]
-    x2 = x.reshape(-1, n).contiguous()
-    out = torch.empty_like(x2)
-    clib.load().ops_rms_norm(x2.data_ptr(), weight.contiguous().data_ptr(), eps, x2.shape[0], n, out.data_ptr(),
+    clib.load().ops_rms_norm(x.data_ptr(), weight.data_ptr(), eps, x.numel() // n, n, out.data_ptr(),
                              torch.get_num_threads())
-    return out.view(x.shape)
+    return out
 
 
-def rope_(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """RoPE in place on ``x`` [B, T, heads * head_dim] (last dim contiguous, rows evenly strided: a slice of the fused
-    QKV output), ``cos`` / ``sin_signed`` [B, T, ..., head_dim] (``helpers.engine.model.apply_rope``)."""
-    B, T, width = x.shape
-    c = cos.reshape(B * T, head_dim).contiguous()
-    s = sin_signed.reshape(B * T, head_dim).contiguous()
-    clib.load().ops_rope(x.data_ptr(), B * T, x.stride(1), 0, width // head_dim, head_dim, c.data_ptr(), s.data_ptr())
-    return x
+def rope_qk_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, head_dim: int) -> bool:
+    """RoPE in place on ``q`` and ``k`` [B, T, heads * head_dim] (``cos`` / ``sin_signed`` contiguous [B, T, 1,
+    head_dim], as ``helpers.engine.model.apply_rope`` takes them), one call when ``k``'s heads follow ``q``'s in one
+    buffer (slices of the fused QKV output). False, and nothing done, unless both have a contiguous last dim and
+    evenly strided rows."""
+    B, T, width = q.shape
+    qs, ks = q.stride(), k.stride()
+    if not (qs[2] == ks[2] == 1 and qs[0] == T * qs[1] and ks[0] == T * ks[1] and cos.is_contiguous()):
+        return False
+    lib, rows = clib.load(), B * T
+    if qs == ks and k.data_ptr() == q.data_ptr() + 4 * width:
+        lib.ops_rope(q.data_ptr(), rows, qs[1], (width + k.shape[-1]) // head_dim, head_dim, cos.data_ptr(),
+                     sin_signed.data_ptr())
+    else:
+        for t, ts in ((q, qs), (k, ks)):
+            lib.ops_rope(t.data_ptr(), rows, ts[1], t.shape[-1] // head_dim, head_dim, cos.data_ptr(),
+                         sin_signed.data_ptr())
+    return True
+
+
+def attention_fits(q: torch.Tensor, mask) -> bool:
+    """Whether :func:`attention` runs this step: few queries (a decode or verification step; prefill's many run
+    torch's flash attention) and a bool mask."""
+    return q.shape[0] * q.shape[1] <= ATTN_MAX_QUERIES and isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, head_kv: torch.Tensor,
               head_dim: int) -> torch.Tensor:
     """``softmax(q k^T / sqrt(d) where mask) v`` -> [B, T, heads * d]: ``q`` [B, T, heads * d], ``k`` / ``v``
-    [B, kv_heads, S, d] (any strides but the last), ``mask`` bool [B, 1, T, S] (or broadcastable), ``head_kv``
+    [B, kv_heads, S, d] (any strides but the last: 1), ``mask`` bool [B, 1, T, S] (or broadcastable), ``head_kv``
     int32 [heads]: the kv head of each query head. A query that sees no position gets zeros."""
     B, T, width = q.shape
     S = k.shape[2]
     m = mask.expand(B, 1, T, S)[:, 0]
     if m.stride(-1) != 1:
         m = m.contiguous()
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    qs, ks, vs, ms = q.stride(), k.stride(), v.stride(), m.stride()
+    if ks[-1] != 1 or vs[-1] != 1:
+        raise ValueError(f"fused_ops.attention: K and V need a contiguous head dim (strides {ks}, {vs})")
     out = torch.empty(B, T, width, dtype=torch.float32)
-    clib.load().ops_attention(
-        q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), k.stride(1), k.stride(2),
-        v.data_ptr(), v.stride(0), v.stride(1), v.stride(2), m.data_ptr(), m.stride(0), m.stride(1),
-        head_kv.data_ptr(), B, T, width // head_dim, head_dim, S, head_dim ** -0.5, out.data_ptr(),
-        torch.get_num_threads())
+    clib.load().ops_attention(q.data_ptr(), qs[0], qs[1], k.data_ptr(), ks[0], ks[1], ks[2], v.data_ptr(), vs[0],
+                              vs[1], vs[2], m.data_ptr(), ms[0], ms[1], head_kv.data_ptr(), B, T, width // head_dim,
+                              head_dim, S, head_dim ** -0.5, out.data_ptr(), torch.get_num_threads())
     return out
-
-
-def norm_fits(x: torch.Tensor) -> bool:
-    return x.shape[-1] % ALIGN == 0 and fits(x)
-
-
-def rope_fits(q: torch.Tensor, k: torch.Tensor, head_dim: int) -> bool:
-    """Whether :func:`rope_` takes ``q`` and ``k`` [B, T, heads * d]: half a head a multiple of 8, the last dim
-    contiguous and the rows evenly strided (a slice of one projection's output)."""
-    return (head_dim % (2 * ALIGN) == 0 and fits(q, k)
-            and all(t.stride(-1) == 1 and t.stride(0) == t.shape[1] * t.stride(1) for t in (q, k)))
-
-
-def attention_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> bool:
-    """Whether :func:`attention` takes these: few queries (a decode or verification step), a bool mask, the last
-    dims contiguous."""
-    return (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and q.shape[0] * q.shape[1] <= ATTN_MAX_QUERIES
-            and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and k.shape[-1] % ALIGN == 0
-            and fits(q, k, v))
-
-
-def swiglu_fits(gu: torch.Tensor) -> bool:
-    return gu.shape[-1] % (2 * ALIGN) == 0 and fits(gu)
 
 
 def swiglu(gu: torch.Tensor) -> torch.Tensor:
     """``silu(g) * u`` for ``g, u = gu.chunk(2, -1)`` (the gated MLP's fused gate/up output)."""
+    gu = gu if gu.is_contiguous() else gu.contiguous()
     n = gu.shape[-1] // 2
-    g2 = gu.reshape(-1, 2 * n).contiguous()
-    out = torch.empty(g2.shape[0], n, dtype=torch.float32)
-    clib.load().ops_swiglu(g2.data_ptr(), g2.shape[0], n, out.data_ptr(), torch.get_num_threads())
-    return out.view(*gu.shape[:-1], n)
+    out = torch.empty(*gu.shape[:-1], n, dtype=torch.float32)
+    clib.load().ops_swiglu(gu.data_ptr(), gu.numel() // (2 * n), n, out.data_ptr(), torch.get_num_threads())
+    return out

@@ -286,10 +286,17 @@ def build_kernels(recorded: dict | None = None) -> dict[str, str]:
 def use_cpu_kernels(tr, pack: bool = True, recorded: dict | None = None):
     """``tr``'s f32 matmul weights on CPU as :class:`kernels.CpuWeight`, column-major with the kernels of
     :func:`build_kernels` and the copies they read, all in one ``helpers.engine.hugepages.Arena``;
-    ``tr.matmul_kernels`` records the kernels. ``pack=False``: the
-    column-major layout only (int8 storage replaces the projections next; the rest runs ``F.linear``)."""
+    ``tr.matmul_kernels`` records the kernels, ``tr.fused`` whether the C ops between them run
+    (``helpers.engine.fused_ops``). ``pack=False``: the column-major layout only (int8 storage replaces the
+    projections next; the rest runs ``F.linear`` and torch's ops)."""
     kernels = build_kernels(recorded) if pack else None
     ops = None if kernels is None else kernels.pop("ops")
+    L = tr.w.layers[0]
+    unfit = fused_ops.unfit_dims(L.w2.shape[0], tr.args.head_dim, L.w2.shape[1])
+    if ops == "fused" and unfit:
+        if fused_ops.forced():
+            raise ValueError(f"${fused_ops.ENV}=fused: this model cannot run the C ops ({unfit}); unset it")
+        ops = "torch"
     if kernels is None:
         tr.w.relayout(K.column_major)
     else:  # the matrices and their kernels' copies in one huge-page arena: the same bytes, fewer TLB misses
@@ -298,4 +305,3 @@ def use_cpu_kernels(tr, pack: bool = True, recorded: dict | None = None):
     tr.matmul_kernels = None if kernels is None else dict(kernels)
     tr.fused = ops == "fused"
     return tr
-

@@ -122,7 +122,7 @@ class Transformer:
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """The model's RMSNorm: in C where the build chose the fused ops (``helpers.engine.fused_ops``)."""
-        if self.fused and fused_ops.norm_fits(x):
+        if self.fused and not fused_ops.tracing():
             return fused_ops.rms_norm(x, weight, self.args.rms_norm_eps)
         return rms_norm(x, weight, self.args.rms_norm_eps)
 
@@ -134,13 +134,14 @@ class Transformer:
         query rows, the attention, each one C call."""
         B, T, _ = q.shape
         D = self.args.head_dim
-        if self.fused and fused_ops.rope_fits(q, k, D):
-            q, k = fused_ops.rope_(q, cos, sin, D), fused_ops.rope_(k, cos, sin, D).reshape(B, T, -1, D).transpose(1, 2)
+        fused = self.fused and not fused_ops.tracing()
+        if fused and fused_ops.rope_qk_(q, k, cos, sin, D):
+            k = k.reshape(B, T, -1, D).transpose(1, 2)
         else:
             q = apply_rope(q.reshape(B, T, -1, D), cos, sin).reshape(B, T, -1)
             k = apply_rope(k.reshape(B, T, -1, D), cos, sin).transpose(1, 2)
         k, v = kv.update(slots, k, v.reshape(B, T, -1, D).transpose(1, 2), kv_len)
-        if self.fused and fused_ops.attention_fits(q, k, v, attn_mask):
+        if fused and fused_ops.attention_fits(q, attn_mask):
             return fused_ops.attention(q, k, v, attn_mask, self.head_kv, D)
         q = q.reshape(B, T, -1, D).transpose(1, 2)
         if self.w.kv_group is not None:  # arbitrary q->kv mapping (padded / replicated layouts)
@@ -159,7 +160,7 @@ class Transformer:
     def mlp_block(self, x, L: LayerWeights):
         """One layer's gated MLP up to its all-reduce."""
         gu = linear(self.norm(x, L.ln2), L.w13)
-        if self.fused and fused_ops.swiglu_fits(gu):
+        if self.fused and not fused_ops.tracing():
             return linear(fused_ops.swiglu(gu), L.w2)
         g, u = gu.chunk(2, dim=-1)
         return linear(F.silu(g) * u, L.w2)

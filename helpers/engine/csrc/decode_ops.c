@@ -52,16 +52,15 @@ V8 void ops_rms_norm(const float* x, const float* w, float eps, int rows, int n,
     }
 }
 
-/* RoPE in place on heads [first, first + heads) of each row of qkv (row r at qkv + r * row_stride, head h at
- * h * d): x * cos + rotate_half(x) * sin, with sin_signed = cat(-sin[:d/2], sin[d/2:]) (helpers.engine.model).
+/* RoPE in place on the first `heads` heads of each row of qkv (row r at qkv + r * row_stride, head h at h * d):
+ * x * cos + rotate_half(x) * sin, with sin_signed = cat(-sin[:d/2], sin[d/2:]) (helpers.engine.model).
  * cos / sin_signed: one [d] row per qkv row. */
-V8 void ops_rope(float* qkv, int rows, int64_t row_stride, int first, int heads, int d,
-                 const float* cos, const float* sin_signed) {
+V8 void ops_rope(float* qkv, int rows, int64_t row_stride, int heads, int d, const float* cos, const float* sin_signed) {
     int half = d / 2;
     for (int r = 0; r < rows; r++) {
         const float* c = cos + (int64_t)r * d;
         const float* s = sin_signed + (int64_t)r * d;
-        for (int h = first; h < first + heads; h++) {
+        for (int h = 0; h < heads; h++) {
             float* x = qkv + (int64_t)r * row_stride + (int64_t)h * d;
             for (int i = 0; i < half; i += 8) {
                 __m256 x1 = _mm256_loadu_ps(x + i), x2 = _mm256_loadu_ps(x + half + i);
@@ -76,6 +75,59 @@ V8 void ops_rope(float* qkv, int rows, int64_t row_stride, int first, int heads,
     }
 }
 
+/* Scores of one query against keys [0, n): p[j] = (q . k_j) * scale. Four keys per pass, each its own chain of FMAs
+ * (as many in flight as the core can issue), each key's sum in the same order as alone. */
+V8 static void scores(const float* qv, const float* kb, int64_t k_sj, int n, int d, float scale, float* p) {
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const float *k0 = kb + j * k_sj, *k1 = k0 + k_sj, *k2 = k1 + k_sj, *k3 = k2 + k_sj;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int i = 0; i < d; i += 8) {
+            __m256 x = _mm256_loadu_ps(qv + i);
+            a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + i), a0);
+            a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k1 + i), a1);
+            a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k2 + i), a2);
+            a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k3 + i), a3);
+        }
+        p[j] = hsum(a0) * scale, p[j + 1] = hsum(a1) * scale, p[j + 2] = hsum(a2) * scale, p[j + 3] = hsum(a3) * scale;
+    }
+    for (; j < n; j++) {
+        const float* kj = kb + j * k_sj;
+        __m256 a = _mm256_setzero_ps();
+        for (int i = 0; i < d; i += 8)
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(qv + i), _mm256_loadu_ps(kj + i), a);
+        p[j] = hsum(a) * scale;
+    }
+}
+
+/* o[0:w] = inv * sum_j p[j] v_j[0:w] over the nonzero p, w <= 64: up to eight accumulators, one per 8 columns,
+ * j = 0, 1, ... in order. */
+V8 static void weighted_sum(const float* p, const float* vb, int64_t v_sj, int n, int w, __m256 inv, float* o) {
+    __m256 acc[8];
+    int c8 = w / 8;
+    for (int c = 0; c < 8; c++)
+        acc[c] = _mm256_setzero_ps();
+    if (c8 == 8) {  /* the common head block: fully unrolled, the accumulators in registers */
+        for (int j = 0; j < n; j++) {
+            if (p[j] == 0.0f) continue;
+            __m256 pj = _mm256_set1_ps(p[j]);
+            const float* vj = vb + j * v_sj;
+            for (int c = 0; c < 8; c++)
+                acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * c), acc[c]);
+        }
+    } else {
+        for (int j = 0; j < n; j++) {
+            if (p[j] == 0.0f) continue;
+            __m256 pj = _mm256_set1_ps(p[j]);
+            const float* vj = vb + j * v_sj;
+            for (int c = 0; c < c8; c++)
+                acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * c), acc[c]);
+        }
+    }
+    for (int c = 0; c < c8; c++)
+        _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(acc[c], inv));
+}
+
 /* out[b, t, h*d:(h+1)*d] = softmax(q . k_j * scale over visible j) . v_j for query head h over kv head
  * head_kv[h]. q[b, t, h] at q + b*q_sb + t*q_st + h*d; k[b, g, j] at k + b*k_sb + g*k_sg + j*k_sj (v alike);
  * mask[b, t, j] (nonzero = visible) at mask + b*m_sb + t*m_st + j. A query that sees nothing gets zeros. */
@@ -86,7 +138,7 @@ V8 void ops_attention(const float* q, int64_t q_sb, int64_t q_st,
                       int batch, int t_len, int heads, int d, int kv_len, float scale, float* out, int threads) {
     int padded = (kv_len + 7) & ~7;
     int64_t work = (int64_t)batch * t_len * heads * kv_len * d;
-    #pragma omp parallel for collapse(3) num_threads(threads) if (work >= 65536)
+    #pragma omp parallel for collapse(3) num_threads(threads) if (work >= 262144)
     for (int b = 0; b < batch; b++)
         for (int t = 0; t < t_len; t++)
             for (int h = 0; h < heads; h++) {
@@ -96,20 +148,17 @@ V8 void ops_attention(const float* q, int64_t q_sb, int64_t q_st,
                 const uint8_t* m = mask + b * m_sb + t * m_st;
                 float* o = out + (((int64_t)b * t_len + t) * heads + h) * d;
                 float p[padded];
+                scores(qv, kb, k_sj, kv_len, d, scale, p);
                 float mx = -INFINITY;
                 for (int j = 0; j < padded; j++) {
-                    if (j >= kv_len || !m[j]) { p[j] = -INFINITY; continue; }
-                    const float* kj = kb + j * k_sj;
-                    __m256 acc = _mm256_setzero_ps();
-                    for (int i = 0; i < d; i += 8)
-                        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qv + i), _mm256_loadu_ps(kj + i), acc);
-                    p[j] = hsum(acc) * scale;
-                    if (p[j] > mx) mx = p[j];
+                    if (j >= kv_len || !m[j]) p[j] = -INFINITY;
+                    else if (p[j] > mx) mx = p[j];
                 }
-                for (int i = 0; i < d; i += 8)
-                    _mm256_storeu_ps(o + i, _mm256_setzero_ps());
-                if (mx == -INFINITY)
+                if (mx == -INFINITY) {
+                    for (int i = 0; i < d; i += 8)
+                        _mm256_storeu_ps(o + i, _mm256_setzero_ps());
                     continue;
+                }
                 __m256 sum = _mm256_setzero_ps(), vmx = _mm256_set1_ps(mx);
                 for (int j = 0; j < padded; j += 8) {
                     __m256 s = _mm256_loadu_ps(p + j);
@@ -119,13 +168,8 @@ V8 void ops_attention(const float* q, int64_t q_sb, int64_t q_st,
                     sum = _mm256_add_ps(sum, e);
                 }
                 __m256 inv = _mm256_set1_ps(1.0f / hsum(sum));
-                for (int i = 0; i < d; i += 8) {
-                    __m256 acc = _mm256_setzero_ps();
-                    for (int j = 0; j < kv_len; j++)
-                        if (p[j] != 0.0f)
-                            acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(vb + j * v_sj + i), acc);
-                    _mm256_storeu_ps(o + i, _mm256_mul_ps(acc, inv));
-                }
+                for (int i = 0; i < d; i += 64)
+                    weighted_sum(p, vb + i, v_sj, kv_len, d - i < 64 ? d - i : 64, inv, o + i);
             }
 }
 
