@@ -289,7 +289,7 @@ def print_steps(r: dict) -> None:
 
 
 LINEAR_EVENT = "engine::linear"  # every call of the engine's linear, whatever kernel runs it (the profile labels them)
-FUSED_EVENT, FUSED_OPS = "engine::c::", ("rms_norm", "rope_", "attention", "swiglu")  # and of its C ops (fused_ops)
+FUSED_EVENT, FUSED_OPS = "engine::c::", ("rms_norm", "rope_qk_", "attention", "swiglu")  # and of its C ops (fused_ops)
 
 
 def profile_engine(m, ids, P: int, N: int, rows: int = 12) -> dict:
