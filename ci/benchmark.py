@@ -131,6 +131,28 @@ def gemv_bandwidth(dtype: torch.dtype, repeats: int) -> dict:
     return out
 
 
+def gemm_gflops(dtype: torch.dtype, repeats: int, n: int = 1024) -> dict:
+    """GFLOP/s of an n x n x n ``torch.mm`` (MKL / oneDNN): how fast this machine multiplies when compute, not
+    memory, bounds it, as a prefill's T x hidden GEMMs are."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    torch.mm(a, b)
+    rates = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        torch.mm(a, b)
+        rates.append(2 * n ** 3 / (time.perf_counter() - t) / 1e9)
+    return spread(rates)
+
+
+def prefill_flops(args, batch: int, tokens: int) -> float:
+    """The arithmetic of a prefill of ``tokens`` per sequence: every layer's matmuls per token, causal attention
+    (q k^T and p v over the positions before each token), and the LM head for the last token."""
+    per_token = args.hidden_size * (args.n_heads + 2 * args.n_kv_heads) * args.head_dim \
+        + args.n_heads * args.head_dim * args.hidden_size + 3 * args.hidden_size * args.intermediate_size
+    attention = 2 * 2 * args.n_heads * args.head_dim * tokens * (tokens + 1) / 2
+    return batch * (args.n_layers * (2 * tokens * per_token + attention) + 2 * args.vocab_size * args.hidden_size)
+
+
 # -- timed runs ----------------------------------------------------------------------------------
 class Clock:
     """A streamer that timestamps each new token. ``generate()`` puts the prompt first: skipped."""
@@ -227,6 +249,13 @@ def bench_config(amp: str, batch: int, a, tokenizer, bw: dict, device) -> dict:
     roof = bw["roofline_gbs"] * 1e9 / step_bytes
     res["roofline"] = {"bytes_per_step": step_bytes, "decode_tok_s": roof, "gbs": bw["roofline_gbs"]}
     res["ratios"] = {"engine_prefill_over_hf": res["engine"]["prefill_ms"]["median"] / res["hf"]["prefill_ms"]["median"]}
+    if "gemm_gflops" in bw:  # the compute bound: no prefill beats the fastest rate this machine showed
+        flops = prefill_flops(engines["engine"]["model"].args, batch, P)
+        rates = {name: flops / res[name]["prefill_ms"]["median"] / 1e6 for name in ("engine", "hf")}
+        peak = max(bw["gemm_gflops"]["median"], *rates.values())
+        res["prefill_bound"] = {"gflop": flops / 1e9, "gflops": rates, "peak_gflops": peak,
+                                "min_ms": flops / peak / 1e6,
+                                "min_engine_over_hf": flops / peak / 1e6 / res["hf"]["prefill_ms"]["median"]}
     if "engine_torch_ops" in res:
         res["ratios"]["engine_over_engine_torch_ops"] = (res["engine"]["decode_tok_s"]["median"]
                                                          / res["engine_torch_ops"]["decode_tok_s"]["median"])
@@ -373,6 +402,11 @@ def print_config(r: dict) -> None:
           f"{roof['bytes_per_step'] / 1e6:.0f} MB per step")
     for k, v in r["ratios"].items():
         print(f"  {k:40s}{v:6.2f}")
+    if "prefill_bound" in r:
+        pb = r["prefill_bound"]
+        print(f"  prefill: {pb['gflop']:.1f} GFLOP at {pb['gflops']['engine']:.0f} GFLOP/s (engine), "
+              f"{pb['gflops']['hf']:.0f} (HF); at this machine's fastest f32 rate ({pb['peak_gflops']:.0f} GFLOP/s) it "
+              f"takes at least {pb['min_ms']:.0f} ms, so engine/HF >= {pb['min_engine_over_hf']:.2f}")
     for name in ("engine", "engine_torch_ops", "engine_compiled"):
         if name in r:
             d = r[name]["first_divergent_position"]
@@ -407,8 +441,11 @@ def prefill_goal_status(results: list[dict]) -> dict | None:
            if r["amp"] == PREFILL_GOAL["amp"] and r["batch_size"] in PREFILL_GOAL["batch_sizes"]}
     if not got:
         return None
+    bound = {r["batch_size"]: r["prefill_bound"]["min_engine_over_hf"] for r in results
+             if r["batch_size"] in got and r["amp"] == PREFILL_GOAL["amp"] and "prefill_bound" in r}
     return {"engine_over_hf": got, "met": max(got.values()) <= PREFILL_GOAL["max_engine_over_hf"],
-            "complete": set(got) == set(PREFILL_GOAL["batch_sizes"])}
+            "complete": set(got) == set(PREFILL_GOAL["batch_sizes"]), "min_engine_over_hf": bound,
+            "out_of_reach": sorted(b for b, x in bound.items() if x > PREFILL_GOAL["max_engine_over_hf"])}
 
 
 def goal_status(results: list[dict]) -> dict | None:
@@ -488,6 +525,7 @@ def main(argv=None) -> int:
         else:
             bw = memory_bandwidth(a.bandwidth_mib, max(5, a.repeats))
             bw["gemv_f32"] = gemv_bandwidth(torch.float32, max(5, a.repeats))
+            bw["gemm_gflops"] = gemm_gflops(torch.float32, max(5, a.repeats))
         kinds = "; ".join(f"{kind}: copy {fmt(p['copy_gbs'])}, read {fmt(p['read_gbs'])}"
                           for kind, p in bw.get("pages", {"": bw}).items()).lstrip(": ")
         print(f"memory bandwidth ({a.bandwidth_mib} MiB buffers, GB/s, median [min-max]): {kinds} -> roofline at "
@@ -498,6 +536,7 @@ def main(argv=None) -> int:
             g = bw["gemv_f32"]
             print(f"f32 batch-1 matmul, 49152x576 weights: [out,in] rows {fmt(g['row_major'])} GB/s, "
                   f"column-major {fmt(g['column_major'])} GB/s, split-k {fmt(g['split_k'])} GB/s")
+            print(f"f32 GEMM, 1024 x 1024 x 1024 torch.mm: {fmt(bw['gemm_gflops'], digits=0)} GFLOP/s")
         tokenizer = helpers.load_tokenizer(a.model_path)
         results = []
         for amp in a.amp:
@@ -560,6 +599,9 @@ def main(argv=None) -> int:
                   + " and ".join(map(str, PREFILL_GOAL["batch_sizes"])) + "): "
                   + ", ".join(f"batch {b} {v:.2f}x" for b, v in pg["engine_over_hf"].items())
                   + f": {'met' if pg['met'] else 'not met'}" + ("" if pg["complete"] else " (not every batch size was run)"))
+            for b in pg["out_of_reach"]:
+                print(f"  bound: out of reach at batch {b}: HF's prefill already runs so close to this machine's fastest "
+                      f"f32 rate that engine/HF >= {pg['min_engine_over_hf'][b]:.2f}")
         print(f"load average {load1[0]:.2f} at the end (a busy machine lowers and spreads every figure)")
     report = {"machine": dict(machine, load_avg_start=load0[0], load_avg_end=load1[0]), "bandwidth": bw,
               "settings": {k: getattr(a, k) for k in ("model_path", "amp", "batch_sizes", "prompt_tokens",

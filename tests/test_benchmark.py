@@ -68,6 +68,29 @@ def test_step_table_and_prefill_ratio(report):
     assert r["ratios"]["engine_prefill_over_hf"] == pytest.approx(r["engine"]["prefill_ms"]["median"] / r["hf"]["prefill_ms"]["median"])
     assert rep["prefill_goal"]["engine_over_hf"] == {"1": r["ratios"]["engine_prefill_over_hf"]}  # JSON keys
     assert not rep["prefill_goal"]["complete"] and "(not every batch size was run)" in text
+    pb = r["prefill_bound"]  # the compute bound: no prefill is faster than the fastest f32 rate the run saw
+    assert pb["peak_gflops"] >= max(rep["bandwidth"]["gemm_gflops"]["median"], *pb["gflops"].values()) > 0
+    assert pb["min_ms"] == pytest.approx(pb["gflop"] * 1e3 / pb["peak_gflops"]) and pb["min_ms"] <= min(
+        r[side]["prefill_ms"]["median"] for side in ("engine", "hf")) * (1 + 1e-9)
+    assert pb["min_engine_over_hf"] <= r["ratios"]["engine_prefill_over_hf"] * (1 + 1e-9)
+    assert f"engine/HF >= {pb['min_engine_over_hf']:.2f}" in text
+
+
+@pytest.mark.slow
+def test_the_engine_with_torch_s_ops_is_timed_beside_the_c_ops(report):
+    """Where the C ops between the matmuls run (helpers.engine.fused_ops), an engine with torch's is timed in the same
+    loop, and the profile labels each C op."""
+    from helpers.engine import fused_ops
+    rep, text = report
+    (r,) = rep["results"]
+    if fused_ops.planned() != "fused":
+        assert "engine_torch_ops" not in r
+        return
+    assert r["engine_torch_ops"]["decode_tok_s"]["n"] == 3 and "engine, torch's ops" in text
+    assert r["ratios"]["engine_over_engine_torch_ops"] == pytest.approx(
+        r["engine"]["decode_tok_s"]["median"] / r["engine_torch_ops"]["decode_tok_s"]["median"])
+    assert r["engine_torch_ops"]["greedy_identical_to_hf"] and "engine::c::attention" in text
+    assert r["profile"]["c_ops_ms_per_step"] > 0
 
 
 @pytest.mark.slow
