@@ -67,8 +67,9 @@ def test_attention_agrees_with_sdpa_over_a_strided_cache(head_kv):
     k, v = cache_k[:, :, :S], cache_v[:, :, :S]  # views over the first S of P positions, as the KV cache returns
     mask = torch.rand(B, 1, T, S) > 0.4
     mask[1, 0, 2] = False  # a query that sees nothing: zeros, as torch gives
-    assert O.attention_fits(q, mask) and not O.attention_fits(q, mask.float())
-    assert not O.attention_fits(torch.randn(1, O.ATTN_MAX_QUERIES + 1, 16), mask)  # prefill: torch's
+    assert O.attention_fits(q, k, v, mask) and not O.attention_fits(q, k, v, mask.float())
+    assert not O.attention_fits(torch.randn(1, O.ATTN_MAX_QUERIES + 1, 16), k, v, mask)  # prefill: torch's
+    assert not O.attention_fits(q, k.transpose(2, 3), v, mask)  # a head dim not contiguous: torch's
     out = O.attention(q, k, v, mask, head_kv, D)
     assert torch.allclose(out, _sdpa(q, k, v, mask, head_kv, D), **TOL)
     assert torch.equal(out[1, 2], torch.zeros(len(head_kv) * D))

@@ -99,17 +99,19 @@ def rope_qk_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin_signed: to
     return True
 
 
-def attention_fits(q: torch.Tensor, mask) -> bool:
+def attention_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> bool:
     """Whether :func:`attention` runs this step: few queries (a decode or verification step; prefill's many run
-    torch's flash attention) and a bool mask."""
-    return q.shape[0] * q.shape[1] <= ATTN_MAX_QUERIES and isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
+    torch's flash attention), a bool mask, and K / V (the cache's views) with a contiguous head dim."""
+    return (q.shape[0] * q.shape[1] <= ATTN_MAX_QUERIES and isinstance(mask, torch.Tensor)
+            and mask.dtype == torch.bool and k.stride(-1) == 1 and v.stride(-1) == 1)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, head_kv: torch.Tensor,
               head_dim: int) -> torch.Tensor:
     """``softmax(q k^T / sqrt(d) where mask) v`` -> [B, T, heads * d]: ``q`` [B, T, heads * d], ``k`` / ``v``
-    [B, kv_heads, S, d] (any strides but the last: 1), ``mask`` bool [B, 1, T, S] (or broadcastable), ``head_kv``
-    int32 [heads]: the kv head of each query head. A query that sees no position gets zeros."""
+    [B, kv_heads, S, d] (any strides but the last: 1, :func:`attention_fits`), ``mask`` bool [B, 1, T, S] (or
+    broadcastable), ``head_kv`` int32 [heads]: the kv head of each query head. A query that sees no position gets
+    zeros."""
     B, T, width = q.shape
     S = k.shape[2]
     m = mask.expand(B, 1, T, S)[:, 0]
@@ -117,8 +119,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         m = m.contiguous()
     q = q if q.stride(-1) == 1 else q.contiguous()
     qs, ks, vs, ms = q.stride(), k.stride(), v.stride(), m.stride()
-    if ks[-1] != 1 or vs[-1] != 1:
-        raise ValueError(f"fused_ops.attention: K and V need a contiguous head dim (strides {ks}, {vs})")
     out = torch.empty(B, T, width, dtype=torch.float32)
     clib.load().ops_attention(q.data_ptr(), qs[0], qs[1], k.data_ptr(), ks[0], ks[1], ks[2], v.data_ptr(), vs[0],
                               vs[1], vs[2], m.data_ptr(), ms[0], ms[1], head_kv.data_ptr(), B, T, width // head_dim,

@@ -245,7 +245,7 @@ def planned_kernels(threads: int | None = None) -> dict[str, str]:
 
 
 def check_recorded(recorded: dict | None, what: str = "the saved model") -> dict | None:
-    """``recorded`` (a saved model's kernels, :func:`recorded`) if this machine can run every one of them and no
+    """``recorded`` (a saved model's kernels, ``Transformer.kernels_record``) if this machine can run every one of them and no
     environment variable forces another; else :class:`KernelMismatchError` naming the kernel. None (nothing
     recorded: an older save, or a model without the CPU kernels) passes. A record without ``"ops"`` (saved before
     the fused ops existed) ran torch's."""

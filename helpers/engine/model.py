@@ -141,7 +141,7 @@ class Transformer:
             q = apply_rope(q.reshape(B, T, -1, D), cos, sin).reshape(B, T, -1)
             k = apply_rope(k.reshape(B, T, -1, D), cos, sin).transpose(1, 2)
         k, v = kv.update(slots, k, v.reshape(B, T, -1, D).transpose(1, 2), kv_len)
-        if fused and fused_ops.attention_fits(q, attn_mask):
+        if fused and fused_ops.attention_fits(q, k, v, attn_mask):
             return fused_ops.attention(q, k, v, attn_mask, self.head_kv, D)
         q = q.reshape(B, T, -1, D).transpose(1, 2)
         if self.w.kv_group is not None:  # arbitrary q->kv mapping (padded / replicated layouts)
