@@ -224,3 +224,14 @@ def test_the_ops_a_record_names_and_an_older_record_without_them():
     assert KC.check_recorded(dict(A, ops="torch")) == dict(A, ops="torch")
     with pytest.raises(KC.KernelMismatchError, match=r"ops: 'cuda' is none of"):
         KC.check_recorded(dict(A, ops="cuda"))
+
+
+def test_the_key_follows_the_matmul_kernel_source_only():
+    """The "stream" kernel's C source is part of the key (a new kernel is timed again); the C ops between the matmuls
+    (helpers.engine.fused_ops) are not, so changing them does not time the matmul kernels again."""
+    import hashlib
+
+    from helpers.engine import clib
+    stream_c = next(s for s in clib.SOURCES if s.name == "stream_linear.c")
+    assert KC.machine_key()["stream_source"] == hashlib.sha256(stream_c.read_bytes()).hexdigest()[:16]
+    assert clib.source_digest("stream_linear.c") != clib.source_digest()

@@ -40,9 +40,10 @@ def cache_dir() -> Path:
     return model_store.cache_dir() / "kernels"
 
 
-def source_digest() -> str:
-    """A digest of the C sources (the kernel timing's key includes it)."""
-    return hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES)).hexdigest()[:16]
+def source_digest(*names: str) -> str:
+    """A digest of the C sources named (all when none): the matmul kernel timing's key includes its kernel's."""
+    chosen = [s for s in SOURCES if not names or s.name in names]
+    return hashlib.sha256(b"".join(s.read_bytes() for s in chosen)).hexdigest()[:16]
 
 
 def load() -> ctypes.CDLL | None:

@@ -3,10 +3,11 @@ and k, attention of a few query rows over the KV cache, SwiGLU.
 
 A decode step's matmuls read the weights at close to memory bandwidth; what else a layer does is a dozen small ATen
 ops (``aten::rms_norm`` alone is six on CPU, ``scaled_dot_product_attention`` converts its mask and transposes),
-each a few microseconds of dispatch for a few hundred floats of work: about a third of a one-row step before this
-module. Each function here is one call instead. The model (``helpers.engine.model.Transformer``) calls them where
-:func:`fits` says the tensors allow and its build chose them (``ops="fused"`` in its recorded kernels,
-``helpers.engine.kernel_choice``); anything else runs torch's ops.
+each a few microseconds of dispatch for a few hundred floats of work. Each function here is one call instead
+(docs/performance.md, "The ops between the matmuls, in C", measures the difference). The model
+(``helpers.engine.model.Transformer``) calls them where its build chose them (``ops="fused"`` in its recorded
+kernels, ``helpers.engine.kernel_choice``; :func:`unfit_dims` checks the model's dims once), outside
+:func:`tracing`, and for the attention where :func:`attention_fits`; anything else runs torch's ops.
 
 Numerics: f32 throughout; sums in a fixed order per output element, one thread each, so the bits do not depend on
 the thread count or on the other rows of a batch; exp is a polynomial of about 1 ulp. Against torch's ops they agree

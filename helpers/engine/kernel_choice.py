@@ -78,7 +78,7 @@ def machine_key(threads: int | None = None) -> dict:
     return {"format": FORMAT, "cpu": info["model"], "machine": info["machine"], "flags": info["flags_sha256"],
             "threads": torch.get_num_threads() if threads is None else threads, "torch": torch.__version__,
             "available": sorted({k for ks in K.MATMUL_KERNELS.values() for k in ks if K.kernel_available(k)}),
-            "stream_source": clib.source_digest(), "pages": thp_mode(),
+            "stream_source": clib.source_digest("stream_linear.c"), "pages": thp_mode(),
             "shapes": hashlib.sha256(json.dumps([SHAPES, K.MATMUL_TUNE_ROWS, K.FEW_ROWS]).encode()).hexdigest()[:16]}
 
 

@@ -100,30 +100,29 @@ V8 static void scores(const float* qv, const float* kb, int64_t k_sj, int n, int
     }
 }
 
-/* o[0:w] = inv * sum_j p[j] v_j[0:w] over the nonzero p, w <= 64: up to eight accumulators, one per 8 columns,
- * j = 0, 1, ... in order. */
+/* acc[c] += p[j] * v_j[8c:8c+8] for c < C8 over the nonzero p, j = 0, 1, ... in order: one accumulator per 8
+ * columns, in registers when C8 is a constant (always_inline). */
+__attribute__((target("avx2,fma"), always_inline))
+static inline void accumulate(const int C8, const float* p, const float* vb, int64_t v_sj, int n, __m256* acc) {
+    for (int j = 0; j < n; j++) {
+        if (p[j] == 0.0f) continue;
+        __m256 pj = _mm256_set1_ps(p[j]);
+        const float* vj = vb + j * v_sj;
+        for (int c = 0; c < C8; c++)
+            acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * c), acc[c]);
+    }
+}
+
+/* o[0:w] = inv * sum_j p[j] v_j[0:w] (w <= 64). */
 V8 static void weighted_sum(const float* p, const float* vb, int64_t v_sj, int n, int w, __m256 inv, float* o) {
     __m256 acc[8];
     int c8 = w / 8;
     for (int c = 0; c < 8; c++)
         acc[c] = _mm256_setzero_ps();
-    if (c8 == 8) {  /* the common head block: fully unrolled, the accumulators in registers */
-        for (int j = 0; j < n; j++) {
-            if (p[j] == 0.0f) continue;
-            __m256 pj = _mm256_set1_ps(p[j]);
-            const float* vj = vb + j * v_sj;
-            for (int c = 0; c < 8; c++)
-                acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * c), acc[c]);
-        }
-    } else {
-        for (int j = 0; j < n; j++) {
-            if (p[j] == 0.0f) continue;
-            __m256 pj = _mm256_set1_ps(p[j]);
-            const float* vj = vb + j * v_sj;
-            for (int c = 0; c < c8; c++)
-                acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * c), acc[c]);
-        }
-    }
+    if (c8 == 8)  /* the common head block */
+        accumulate(8, p, vb, v_sj, n, acc);
+    else
+        accumulate(c8, p, vb, v_sj, n, acc);
     for (int c = 0; c < c8; c++)
         _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(acc[c], inv));
 }
