@@ -60,8 +60,8 @@ def unavailable_reason() -> str | None:
 
 def library_path(cc: str) -> Path:
     """Where the library built from these sources with ``cc`` on this kind of machine is cached."""
-    key = " ".join([platform.machine().lower(), cc, *CFLAGS]).encode()
-    digest = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + key).hexdigest()[:16]
+    key = " ".join([source_digest(), platform.machine().lower(), cc, *CFLAGS]).encode()
+    digest = hashlib.sha256(key).hexdigest()[:16]
     return cache_dir() / f"cpu_kernels-{digest}.so"
 
 

@@ -72,7 +72,7 @@ def tracing() -> bool:
 # outside tracing(): they check no dtype or device, only what a step can change.
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' LlamaRMSNorm in f32 over the last dim."""
-    x = x if x.is_contiguous() else x.contiguous()
+    x = x.contiguous()
     out = torch.empty_like(x)
     n = x.shape[-1]
     clib.load().ops_rms_norm(x.data_ptr(), weight.data_ptr(), eps, x.numel() // n, n, out.data_ptr(),
@@ -129,7 +129,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
 def swiglu(gu: torch.Tensor) -> torch.Tensor:
     """``silu(g) * u`` for ``g, u = gu.chunk(2, -1)`` (the gated MLP's fused gate/up output)."""
-    gu = gu if gu.is_contiguous() else gu.contiguous()
+    gu = gu.contiguous()
     n = gu.shape[-1] // 2
     out = torch.empty(*gu.shape[:-1], n, dtype=torch.float32)
     clib.load().ops_swiglu(gu.data_ptr(), gu.numel() // (2 * n), n, out.data_ptr(), torch.get_num_threads())

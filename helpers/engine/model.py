@@ -120,9 +120,14 @@ class Transformer:
         qkv = linear(h, L.wqkv, L.bqkv)
         return qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
 
+    def c_ops(self) -> bool:
+        """Whether this call runs the C ops between the matmuls: the build chose them (``self.fused``) and
+        ``torch.export`` is not tracing (a graph holds ATen ops only)."""
+        return self.fused and not fused_ops.tracing()
+
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """The model's RMSNorm: in C where the build chose the fused ops (``helpers.engine.fused_ops``)."""
-        if self.fused and not fused_ops.tracing():
+        if self.c_ops():
             return fused_ops.rms_norm(x, weight, self.args.rms_norm_eps)
         return rms_norm(x, weight, self.args.rms_norm_eps)
 
@@ -134,7 +139,7 @@ class Transformer:
         query rows, the attention, each one C call."""
         B, T, _ = q.shape
         D = self.args.head_dim
-        fused = self.fused and not fused_ops.tracing()
+        fused = self.c_ops()
         if fused and fused_ops.rope_qk_(q, k, cos, sin, D):
             k = k.reshape(B, T, -1, D).transpose(1, 2)
         else:
@@ -160,7 +165,7 @@ class Transformer:
     def mlp_block(self, x, L: LayerWeights):
         """One layer's gated MLP up to its all-reduce."""
         gu = linear(self.norm(x, L.ln2), L.w13)
-        if self.fused and not fused_ops.tracing():
+        if self.c_ops():
             return linear(fused_ops.swiglu(gu), L.w2)
         g, u = gu.chunk(2, dim=-1)
         return linear(F.silu(g) * u, L.w2)
