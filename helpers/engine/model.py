@@ -40,7 +40,7 @@ def rope_inv_freq(args: ModelArgs) -> tuple[torch.Tensor, float]:
         d = args.head_dim
         return 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float) / d)), 1.0
     cfg = AutoConfig.for_model(**args.hf_config)
-    return ROPE_INIT_FUNCTIONS[rope_type](cfg)
+    return ROPE_INIT_FUNCTIONS[rope_type](cfg, torch.device("cpu"))  # device: a required argument before transformers 5
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
