@@ -196,11 +196,11 @@ def nxdi_generation_adapter():
 
     class GenerationAdapter(hf_adapter.HuggingFaceGenerationAdapter):
         # NxD Inference 0.8 (SDK 2.28) bug: prepare_inputs_for_generation reads a name it never defines,
-        # tensor_capture_hook (NameError in every generate()); fixed in 2.29 (aws-neuron/neuronx-distributed-inference#136).
+        # tensor_capture_hook (NameError in every generate()); still so in "Release 2.29" (c63afe0), fixed by ef2731e.
         def prepare_inputs_for_generation(self, *args, **kwargs):
-            hf_adapter.tensor_capture_hook = None  # the module global 0.8 reads; 2.29 reads its own local
+            hf_adapter.tensor_capture_hook = None  # the module global 0.8 reads; ef2731e reads its own local
             inputs = super().prepare_inputs_for_generation(*args, **kwargs)
-            inputs.pop("tensor_capture_hook", None)  # 0.8's forward has no such parameter (2.29's defaults it to None)
+            inputs.pop("tensor_capture_hook", None)  # 0.8's forward has no such parameter (ef2731e's defaults it to None)
             return inputs
 
     return GenerationAdapter
