@@ -1,16 +1,22 @@
 """Run every Neuron cell of one stack as a standalone script, the way a reader who copies it out would.
 
-    python ci/neuron_cells.py tnx                  # every notebook's transformers-neuronx cells
+    python ci/neuron_cells.py tnx                  # every notebook's transformers-neuronx cells, on both models
     python ci/neuron_cells.py nxdi --notebooks 03  # one notebook's NxD Inference cells
+    python ci/neuron_cells.py nxdi --models production-shaped  # one of the two models
 
+Every cell runs on two models, each cell on the first, then each on the second (``MODELS``): the embedded
+SmolLM2-135M-Instruct, and a small random-weight checkpoint shaped like the production model the cells name,
+Llama-3.1-8B-Instruct (``ci/production_model.py``: 4 query heads per KV head, an untied LM head, llama3 RoPE, a
+tokenizer without a pad token, a list of EOS ids): a cell that only works on SmolLM2 fails on the second.
 Each cell (tagged ``neuron`` + the stack, see tests/contract/contract_harness.py) is written to
-``<out>/<notebook>-cell<N>.py`` exactly as it stands, plus the ``# EDIT`` values of
-``ci/params/neuron-cells.yaml`` assigned right after its ``# EDIT`` block (``model_dir`` is always the embedded
-model's checkpoint). It then runs as its own process from an empty temporary folder. The stack's library must be
+``<out>/<stack>/<model>/<notebook>-cell<N>.py`` exactly as it stands, plus the ``# EDIT`` values of
+``ci/params/neuron-cells.yaml`` assigned right after its ``# EDIT`` block (``model_dir`` is always the model's
+checkpoint; the other values are the same for both models). It then runs as its own process from an empty
+temporary folder. The stack's library must be
 importable (the neuron lanes put its stand-in on PYTHONPATH; on an instance it is the real one). The stand-ins may
 reach the reference engine in ``helpers``; the cell's own code may not: an ``import helpers`` in the script fails
 with ModuleNotFoundError, as it would outside this repository. A cell passes when its script exits 0 without
-saying it was skipped. Exit status 1 when any cell failed; a table names each cell and its result.
+saying it was skipped. Exit status 1 when any cell failed; a table names each cell, the model and its result.
 """
 from __future__ import annotations
 
@@ -28,6 +34,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "contract"))
 import contract_harness as harness  # noqa: E402
+
+# The models every cell runs on, in this order: the embedded checkpoint, then the production-shaped one.
+MODELS = ("embedded", "production-shaped")
 
 # Runs the script as __main__ with `import helpers` refused to the script's own code (its module globals are
 # __main__'s); the stand-ins, imported under their own module names, still reach the reference engine.
@@ -89,35 +98,51 @@ def run_script(script: Path, timeout: float) -> tuple[bool, str, float]:
     return True, output, seconds
 
 
+def checkpoint(name: str) -> str:
+    """The checkpoint folder of one of ``MODELS`` (built and cached on first use)."""
+    if name == "embedded":
+        from helpers.model_store import resolve_model_path  # the runner's own use: the embedded checkpoint's folder
+
+        return str(resolve_model_path(None))
+    sys.path.insert(0, str(REPO / "ci"))
+    from production_model import production_model_path  # ci/production_model.py (it imports transformers: only here)
+
+    return str(production_model_path())
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("stack", choices=harness.STACKS)
     ap.add_argument("--notebooks", nargs="*", help="notebook numbers or stems (default: all)")
+    ap.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
+                    help="the models to run every cell on, in this order (default: both)")
     ap.add_argument("--params", default=str(REPO / "ci" / "params" / "neuron-cells.yaml"))
     ap.add_argument("--out", default=str(REPO / "out" / "neuron-cells"))
     ap.add_argument("--timeout", type=float, default=600, help="seconds per cell")
     args = ap.parse_args(argv)
 
-    from helpers.model_store import resolve_model_path  # the runner's own use: the embedded checkpoint's folder
-
     notebooks = sorted((REPO / "notebooks").glob("*.ipynb"))
     if args.notebooks:
         notebooks = [p for p in notebooks if any(p.stem == n or p.stem.split("_")[0] == n for n in args.notebooks)]
     params = yaml.safe_load(Path(args.params).read_text()) or {}
-    out = Path(args.out).resolve() / args.stack  # absolute: each script runs from its own temporary folder
-    out.mkdir(parents=True, exist_ok=True)
     results = []
-    for name, script in cell_scripts(args.stack, notebooks, params, str(resolve_model_path(None))):
-        path = out / f"{name}.py"
-        path.write_text(script)
-        ok, output, seconds = run_script(path, args.timeout)
-        (out / f"{name}.log").write_text(output)
-        results.append((name, ok, seconds))
-        print(f"{'PASS' if ok else 'FAIL'}  {name}  {seconds:6.1f} s", flush=True)
-        if not ok:
-            print("    " + "\n    ".join(output.strip().splitlines()[-25:]), flush=True)
-    failed = [n for n, ok, _ in results if not ok]
-    print(f"{len(results) - len(failed)}/{len(results)} {args.stack} Neuron cells passed as standalone scripts"
+    for model in args.models:
+        out = Path(args.out).resolve() / args.stack / model  # absolute: each script runs from its own temporary folder
+        out.mkdir(parents=True, exist_ok=True)
+        for name, script in cell_scripts(args.stack, notebooks, params, checkpoint(model)):
+            path = out / f"{name}.py"
+            path.write_text(script)
+            ok, output, seconds = run_script(path, args.timeout)
+            (out / f"{name}.log").write_text(output)
+            results.append((model, name, ok, seconds))
+            print(f"{'PASS' if ok else 'FAIL'}  {model:<17}  {name}  {seconds:6.1f} s", flush=True)
+            if not ok:
+                print("    " + "\n    ".join(output.strip().splitlines()[-25:]), flush=True)
+    failed = [f"{n} ({m})" for m, n, ok, _ in results if not ok]
+    for model in args.models:
+        mine = [ok for m, _, ok, _ in results if m == model]
+        print(f"{model}: {sum(mine)}/{len(mine)} {args.stack} Neuron cells passed as standalone scripts")
+    print(f"{len(results) - len(failed)}/{len(results)} {args.stack} Neuron cell runs passed"
           + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed or not results else 0
 

@@ -6,6 +6,7 @@
 #   bash ci/neuron_sim.sh nxdi     # NxD Inference 0.8 (SDK 2.28): transformers 4.57.1
 #   bash ci/neuron_sim.sh tnx --setup            # only build .venv-neuron-tnx
 #   bash ci/neuron_sim.sh nxdi --notebooks 04    # extra arguments go to ci/run_notebooks.py (--notebooks: cells too)
+#   NEURON_LANE_PARTS=cells NEURON_LANE_MODELS=production-shaped bash ci/neuron_sim.sh nxdi  # one part, one model
 #
 # It builds .venv-neuron-<stack> from requirements-neuron-<stack>.txt without the packages that exist only
 # on the Neuron index (the SDK itself: compiler, runtime, the two libraries), with the CPU torch of
@@ -13,7 +14,9 @@
 # of the two libraries: the other stack's cells skip, as on an instance). Then: the embedded model is converted
 # once under the pinned transformers (as python -m helpers.model_store does on an instance, docs/inf2.md), the
 # contract and stand-in tests of the stack run, ci/neuron_cells.py runs every Neuron cell of the stack alone as a
-# script (its # EDIT values from ci/params/neuron-cells.yaml, helpers imports from the cell refused), and
+# script (its # EDIT values from ci/params/neuron-cells.yaml, helpers imports from the cell refused) on two models:
+# the embedded one, then a small random checkpoint shaped like the production Llama-3.1-8B-Instruct
+# (ci/production_model.py, built once under the lane's transformers and cached), and
 # ci/run_notebooks.py runs all notebooks with ci/params/inf2.yaml, the stack's overlay ci/params/inf2-<stack>.yaml
 # and ci/params/neuron-sim.yaml (the smallest values that still run every cell). It fails when any part failed.
 #
@@ -81,9 +84,11 @@ for arg in "$@"; do
     *) if [ "$collect" = 1 ]; then SELECTED+=("$arg"); fi ;;
   esac
 done
+# NEURON_LANE_MODELS picks the models the cells run on (default both: embedded production-shaped).
 if [[ "$PARTS" == *" cells "* ]]; then
+  read -r -a MODELS <<< "${NEURON_LANE_MODELS:-embedded production-shaped}"
   "$VENV/bin/python" ci/neuron_cells.py "$STACK" --out "${OUT_DIR:-out/neuron-sim-$STACK}/cells" \
-    ${SELECTED[@]+--notebooks "${SELECTED[@]}"} || status=1
+    --models "${MODELS[@]}" ${SELECTED[@]+--notebooks "${SELECTED[@]}"} || status=1
 fi
 # Then every notebook whole on backend="neuron".
 if [[ "$PARTS" == *" notebooks "* ]]; then

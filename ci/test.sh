@@ -5,7 +5,8 @@
 #             (tests/test_notebooks.py, ci/params/cpu.yaml, metrics against ci/baselines/cpu.json; the executed
 #             notebooks, their HTML, logs, metrics and report.json kept in $OUT_DIR/notebooks/cpu), then the
 #             benchmarks' smoke runs (tests/test_benchmark.py), then the lanes' third part: every Neuron cell of
-#             each stack alone as a script against its stand-in (ci/neuron_sim.sh with NEURON_LANE_PARTS=cells);
+#             each stack alone as a script against its stand-in, on the embedded model and on a production-shaped
+#             one (ci/neuron_sim.sh with NEURON_LANE_PARTS=cells; ci/production_model.py);
 #   stream 2: the unit tests of helpers (engine parity with transformers, the runner, ...), then the two
 #             neuron lanes (ci/neuron_sim.sh tnx, then nxdi) without their cells: the contract and
 #             stand-in tests of each pinned stack and every notebook with backend="neuron", under the

@@ -183,3 +183,31 @@ def test_runner_refuses_an_override_no_cell_sets(tmp_path):
     with pytest.raises(SystemExit, match="typo"):
         runner.cell_scripts("tnx", [path], {"all": {"typo": 3}}, "/m")
     assert runner.cell_scripts("tnx", [path], {"07": {"typo": 3}}, "/m")  # another notebook's: not this run's
+
+
+def test_runner_runs_every_cell_on_both_models(tmp_path, capsys):
+    """The embedded model, then the production-shaped one (ci/production_model.py), each cell with its model_dir;
+    the table names the model."""
+    import nbformat.v4 as v4
+
+    runner = _runner()
+    assert runner.MODELS == ("embedded", "production-shaped")
+    lib = tmp_path / "lib" / "transformers_neuronx"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text("")
+    (tmp_path / "notebooks").mkdir()
+    nb = v4.new_notebook(cells=[v4.new_code_cell(_cell("# EDIT\nmodel_dir = 'x'\n\nprint('on', model_dir)"),
+                                                 metadata={"tags": ["neuron", "tnx"]})])
+    _write(tmp_path / "notebooks" / "99_x.ipynb", nb)
+    (tmp_path / "params.yaml").write_text("all: {}\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "REPO", tmp_path)
+        mp.setattr(runner, "checkpoint", lambda name: f"/ckpt/{name}")
+        mp.setenv("PYTHONPATH", f"{REPO}:{lib.parent}")
+        status = runner.main(["tnx", "--out", str(tmp_path / "out"), "--params", str(tmp_path / "params.yaml")])
+    table = capsys.readouterr().out
+    assert status == 0, table
+    rows = [line.split() for line in table.splitlines() if line.startswith("PASS")]
+    assert [(r[1], r[2]) for r in rows] == [("embedded", "99_x-cell0"), ("production-shaped", "99_x-cell0")], table
+    for model in runner.MODELS:
+        assert f"on /ckpt/{model}" in (tmp_path / "out" / "tnx" / model / "99_x-cell0.log").read_text()
