@@ -33,3 +33,30 @@ def test_stand_in_signature_matches_pinned_source(stack, key, entry, monkeypatch
     monkeypatch.syspath_prepend(str(SIG_DIR.parent))
     module, qual = entry["stand_in"].split(":")
     assert extract.stand_in_parameters(module, qual) == entry["params"], f"{key} (pinned) vs {entry['stand_in']}"
+
+
+def _module_names(path: Path) -> set[str]:
+    """Top-level names a module binds (definitions, assignments, imports), read with ast."""
+    import ast
+
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def test_nxdi_config_module_imports_only_the_pinned_quantization_names():
+    """NxD Inference 0.8 models/config.py imports ActivationQuantizationType, QuantizedDtype and KVQuantizationConfig
+    from neuronx_distributed.quantization.quantization_config; QuantizationType and MyEnumMeta are not names of the
+    module (``from neuronx_distributed_inference.models.config import QuantizationType`` fails on the release). The
+    stand-in keeps them in its private _quantization_config.py."""
+    pkg = SIG_DIR.parent / "neuronx_distributed_inference"
+    names = _module_names(pkg / "models" / "config.py")
+    assert {"ActivationQuantizationType", "QuantizedDtype", "KVQuantizationConfig"} <= names
+    assert not names & {"QuantizationType", "MyEnumMeta", "get_float4x4_torch_dtype"}
+    assert {"QuantizationType", "MyEnumMeta"} <= _module_names(pkg / "_quantization_config.py")
