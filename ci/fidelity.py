@@ -395,7 +395,181 @@ def probes_nxdi() -> dict:
                     me, ids, attention_mask=mask, sampling_params=None)
                 return {k: v for k, v in r.items()}
             out[f"prepare_inputs_for_generation[populated={populated},global={with_global}]"] = _outcome(prep)
+    _nxdi_routing_probes(out, hf)
     return out
+
+
+# neuronx-distributed's NxDModel (trace/spmd.py) cannot be scripted whole without Neuron; its ``router`` can: the
+# pinned side scripts a module holding the pinned method's text (read from NXD_SRC), as ModelBuilder scripts NxDModel.
+_PINNED_ROUTER = """import torch
+from typing import Dict, List, Tuple
+
+
+class PinnedNxDModelRouter(torch.nn.Module):
+    input_shape_map: Dict[str, Tuple[str, int]]
+
+    def __init__(self, input_shape_map: Dict[str, Tuple[str, int]]):
+        super().__init__()
+        self.input_shape_map = input_shape_map
+
+    {router}
+
+    def forward(self, inputs: List[torch.Tensor]) -> Tuple[str, int]:
+        model_name, bucket_idx = self.router(inputs)
+        return model_name, bucket_idx
+"""
+
+
+def _pinned_router_class():
+    import ast
+
+    path = Path(os.environ["NXD_SRC"]) / "src" / "neuronx_distributed" / "trace" / "spmd.py"
+    text = path.read_text()
+    cls = next(n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == "NxDModel")
+    router = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "router")
+    d = Path(tempfile.mkdtemp(prefix="fidelity-router-"))
+    (d / "pinned_nxd_router.py").write_text(_PINNED_ROUTER.format(router=ast.get_source_segment(text, router)))
+    spec = importlib.util.spec_from_file_location("pinned_nxd_router", d / "pinned_nxd_router.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # a file: TorchScript reads the method's source from it
+    return module.PinnedNxDModelRouter
+
+
+def _jit_outcome(fn):
+    """_outcome, with a TorchScript error reduced to its last line (the raised Python error; the lines above it are
+    the TorchScript traceback, with file paths)."""
+    r = _outcome(fn)
+    if r.get("raises") == "Error":
+        import torch
+
+        try:
+            fn()
+        except torch.jit.Error as e:
+            r = {"raises": "torch.jit.Error", "message": str(e).strip().splitlines()[-1][:600]}
+    return r
+
+
+def _nxdi_routing_probes(out, hf):
+    """Which inputs reach the compiled graphs, and their shapes against the traced ones: ModelWrapper.input_generator
+    (the example inputs, one per bucket), ModelBuilder's input_shape_map, NxDModel.router, and
+    NeuronBaseForCausalLM.forward down to the graph call (default sampling params, _process_args, pad_inputs, the
+    batch's slices or padding). The graph returns zero logits [rows, 1, 8]; the probes compare the logits' shape or
+    the error."""
+    import copy
+    from types import SimpleNamespace
+
+    import torch
+
+    from neuronx_distributed_inference.models import config as cfg
+    from neuronx_distributed_inference.models import model_base as mb
+    from neuronx_distributed_inference.models import model_wrapper as mw
+    from neuronx_distributed_inference.modules import autobucketing as ab
+    from neuronx_distributed_inference.modules.generation.sampling import prepare_sampling_params
+
+    pinned = Path(mw.__file__).resolve().is_relative_to(Path(os.environ.get("NXDI_SRC", "/nonexistent")).resolve())
+    if pinned:
+        router_cls = _pinned_router_class()
+
+        class Executor(torch.jit.ScriptModule):  # NxDModelExecutor: the graph call, routed, then zero logits
+            def __init__(self, nxd_model):
+                super().__init__()
+                self.nxd_model = nxd_model
+
+            def forward(self, *inputs):
+                self.nxd_model(list(inputs))
+                return torch.zeros(inputs[0].shape[0], 1, 8)
+
+        def traced(shape_map):
+            return Executor(torch.jit.script(router_cls(shape_map)))
+    else:
+        from neuronx_distributed_inference.models.application_base import _TracedModel
+
+        def traced(shape_map):
+            return torch.jit.script(_TracedModel("{}", shape_map))
+
+    class Runtime:  # the stand-in's engine, faked: zero logits for the rows it is given
+        def __init__(self, continuous_batching):
+            self.continuous_batching = continuous_batching
+
+        def _check_seq_ids(self, seq_ids):
+            return [int(s) for s in seq_ids.reshape(-1)]
+
+        def context_encoding(self, input_ids, *rest):
+            return torch.zeros(input_ids.shape[0], 1, 8)
+
+        token_generation = speculation = context_encoding
+
+    extra = dict(hf, output_attentions=False, output_hidden_states=False, use_return_dict=True)
+
+    def build(kw):
+        config = cfg.InferenceConfig(cfg.NeuronConfig(**copy.deepcopy(kw)), load_config=lambda self: self.__dict__.update(extra))
+        nc = config.neuron_config
+        wrappers = {}
+        plan = [(mw.CONTEXT_ENCODING_MODEL_TAG, nc.ctx_batch_size, nc.max_context_length, True, True,
+                 ab.generate_buckets_for_cte)]
+        if nc.speculation_length > 0:
+            plan.append((mw.SPECULATION_MODEL_TAG, nc.spec_batch_size, nc.speculation_length, False, False,
+                         ab.generate_buckets_for_speculation))
+        else:
+            plan.append((mw.TOKEN_GENERATION_MODEL_TAG, nc.tkg_batch_size, 1, False, False,
+                         ab.generate_buckets_for_tkg))
+        for tag, batch, active, bucket_active, prefill, buckets in plan:  # model_base.py enable_*
+            new = copy.deepcopy(config)
+            new.neuron_config.batch_size = batch
+            new.neuron_config.n_active_tokens = active
+            new.neuron_config.bucket_n_active_tokens = bucket_active
+            new.neuron_config.is_prefill_stage = prefill
+            if not prefill:
+                new.neuron_config.sequence_parallel_enabled = False
+            new.neuron_config.buckets = buckets(new)
+            wrappers[tag] = mw.ModelWrapper(new, None, tag=tag)
+        shape_map = {}  # neuronx-distributed trace/model_builder.py, as ModelBuilder builds it
+        for w in wrappers.values():
+            for i, example_input in enumerate(w.input_generator()):
+                shape_map[str([list(t.shape) for t in example_input])] = (w.tag, i)
+        model = traced(shape_map)
+        me = mb.NeuronBaseForCausalLM.__new__(mb.NeuronBaseForCausalLM)
+        torch.nn.Module.__init__(me)
+        me.config, me.neuron_config, me.text_config = config, nc, config
+        me.on_device_sampling, me.async_mode, me.kv_cache_populated, me.prior_seq_ids = False, False, False, None
+        me.sampler, me.padding_side, me.models = None, nc.padding_side, []
+        me.default_sampling_params = prepare_sampling_params(batch_size=nc.batch_size, top_k=[1], top_p=[1.0],
+                                                             temperature=[1.0])
+        app = SimpleNamespace(_runtime=Runtime(nc.is_continuous_batching))
+        for tag, w in wrappers.items():
+            w.model = model
+            w._application = [app]
+            setattr(me, tag, w)
+        return me, shape_map
+
+    configs = {
+        "batch 1": dict(seq_len=256, max_context_length=128, enable_bucketing=True),
+        "batch 2": dict(seq_len=256, max_context_length=128, enable_bucketing=True, batch_size=2),
+        "continuous batching 2, ctx 1": dict(seq_len=256, max_context_length=128, enable_bucketing=True,
+                                             is_continuous_batching=True, batch_size=2, ctx_batch_size=1,
+                                             tkg_batch_size=2, max_batch_size=2),
+        "speculation 4": dict(seq_len=256, max_context_length=128, enable_bucketing=True, speculation_length=4),
+    }
+    for name, kw in configs.items():
+        built = _outcome(lambda: build(kw))
+        if "raises" in built:
+            out[f"routing[{name}] build"] = built
+            continue
+        me, shape_map = build(kw)
+        out[f"routing[{name}] input_shape_map"] = _outcome(lambda: list(shape_map.items()))
+        bs = me.neuron_config.batch_size
+        for rows in (1, 2, 3):
+            for sp in ("none", "rows", "batch_size"):
+                params = {"none": None, "rows": prepare_sampling_params(rows),
+                          "batch_size": prepare_sampling_params(bs)}[sp]
+                for phase, (n, start) in {"context": (5, 0), "token": (1, 5), "speculation": (4, 5)}.items():
+                    def call(rows=rows, params=params, n=n, start=start, me=me):
+                        me.reset()
+                        pos = torch.arange(start, start + n).expand(rows, n)
+                        return list(me(input_ids=torch.full((rows, n), 7), position_ids=pos,
+                                       attention_mask=torch.ones(rows, start + n, dtype=torch.long),
+                                       seq_ids=torch.arange(rows), sampling_params=params).logits.shape)
+                    out[f"routing[{name}] {phase} rows={rows} sampling_params={sp}"] = _jit_outcome(call)
 
 
 def _tnx_fn(side: str, name: str):

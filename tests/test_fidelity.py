@@ -130,7 +130,8 @@ def test_published_bugs_are_not_listed_as_deviations():
 
 
 @pytest.mark.parametrize("pattern,made_by,example", [
-    (r"^pad_inputs shapes\[", "pad_inputs {what}", "pad_inputs shapes[context_encoding_model]"),
+    (r"^routing\[(batch 1|speculation 4)\] \w+ rows=[23] sampling_params=rows$",
+     'out[f"routing[{name}] {phase} rows={rows} sampling_params={sp}"]', "routing[batch 1] context rows=2 sampling_params=rows"),
     (r"^SpeculativeGenerator\[batch \d+( right-padded)?\]$", 'spec_case("batch 2 right-padded"',
      "SpeculativeGenerator[batch 2 right-padded]"),
     (r"^SpeculativeGenerator\[mask left-padded\]$", 'spec_case("mask left-padded"',

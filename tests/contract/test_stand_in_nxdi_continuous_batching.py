@@ -48,10 +48,14 @@ def model(env, tmp_path_factory):
     return env["build"](tmp_path_factory.mktemp("cb"))
 
 
-def _prefill(model, slot, prompt):
+def _prefill(model, slot, prompt, **kwargs):
+    """One prompt into one slot, with the sampling params of one row (the default ones have batch_size rows)."""
+    from neuronx_distributed_inference.modules.generation.sampling import prepare_sampling_params
+
     n = len(prompt)
+    kwargs.setdefault("sampling_params", prepare_sampling_params(1))
     return model(input_ids=prompt[None], attention_mask=torch.ones(1, n, dtype=torch.long),
-                 position_ids=torch.arange(n)[None], seq_ids=torch.tensor([slot])).logits[0, -1]
+                 position_ids=torch.arange(n)[None], seq_ids=torch.tensor([slot]), **kwargs).logits[0, -1]
 
 
 def _decode(model, slots, tokens, positions):
@@ -92,12 +96,43 @@ def test_a_batch_of_prompts_is_encoded_one_slot_at_a_time(model):
     assert torch.allclose(both[1], _prefill(model, 0, b), atol=1e-4)
 
 
+def test_one_prompt_without_sampling_params_fails_as_the_release(model):
+    """models/model_base.py: the default sampling params are built for batch_size (3) rows (__init__,
+    prepare_sampling_params(batch_size=...)) and preprocess_inputs passes them when the call has none; a one-row
+    context encoding goes to ModelWrapper._forward whole (model_wrapper.py forward: input_batch_size == the compiled
+    ctx_batch_size 1), and the traced model's router (neuronx-distributed trace/spmd.py NxDModel.router) finds no
+    bucket traced with [3, 3] sampling params."""
+    with pytest.raises(torch.jit.Error, match=r"(?s)builtins\.ValueError: Input shape \[\[1, 128\], \[1, 128\], "
+                       r"\[1, 128\], \[1\], \[3, 3\], \[1\], \[1\]\] not found in input_shape_map: "
+                       r"\[\[\[1, 128\], \[1, 128\], \[1, 128\], \[1\], \[1, 3\], \[1\], \[1\]\], "
+                       r"\[\[3, 1\], \[3, 128\], \[3, 1\], \[3\], \[3, 3\], \[3\], \[3\]\]\]"):
+        _prefill(model, 0, torch.tensor([5, 6, 7]), sampling_params=None)
+
+
+def test_decoding_some_slots_with_the_default_sampling_params_passes(model):
+    """Token generation of fewer rows than slots: _forward_with_pad pads every input to batch_size rows; the default
+    sampling params already have them (_pad_helper leaves them), so the shapes are the traced ones."""
+    model.reset()
+    _prefill(model, 0, torch.tensor([5, 6, 7]))
+    assert _decode(model, [0], [9], [3]).shape[0] == 1
+
+
 @pytest.mark.parametrize("seq_ids", [[0, 3], [1, 1]])
-def test_seq_ids_outside_the_cache_or_repeated_are_refused(model, seq_ids):
+def test_seq_ids_outside_the_cache_or_repeated_fail_in_the_padding(model, seq_ids):
+    """Fewer rows than slots: _forward_with_pad completes seq_ids with the missing ones of range(max_batch_size) and
+    sorts them; with an id out of range or repeated that makes more sort indices than padded rows, and _pad_helper's
+    index_select fails (models/model_wrapper.py), as on the release."""
+    with pytest.raises(IndexError, match="index out of range in self"):
+        _decode(model, seq_ids, [1, 2], [5, 5])
+
+
+@pytest.mark.parametrize("seq_ids", [[0, 1, 3], [1, 1, 2]])
+def test_a_full_batch_with_seq_ids_outside_the_cache_or_repeated_is_refused(model, seq_ids):
+    """A full batch runs as it comes (no padding): the release indexes the cache with the ids unchecked."""
     from _neuron_contract import ContractError
 
     with pytest.raises(ContractError, match="distinct KV-cache row"):
-        _decode(model, seq_ids, [1, 2], [5, 5])
+        _decode(model, seq_ids, [1, 2, 3], [5, 5, 5])
 
 
 def test_a_full_batch_out_of_order_is_refused(model):

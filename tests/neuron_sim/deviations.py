@@ -27,13 +27,6 @@ DEVIATIONS = [
          why="No Neuron compiler; the layout a user sees (file names, which call writes/reads what) is kept.",
          cannot_pass="Missing files raise the release's errors (torch.jit.load ValueError, safetensors errors, "
                      "'Quantized checkpoint file not found'); load() ignores neuron_config.json as the release does."),
-    dict(id="nxdi-pad-inputs-no-padding", stack="nxdi",
-         what="ModelWrapper.pad_inputs selects the bucket and raises/warns exactly as published but returns the "
-              "inputs unpadded (the reference engine pads to its own buckets).",
-         why="The engine keeps its own fixed-shape KV cache and bucket padding; padding twice would only cost time.",
-         cannot_pass="Bucket selection, its ValueError texts and the truncation warnings are the release's (the "
-                     "fidelity probes 'pad_inputs bucket' and 'pad_inputs warnings' must agree); only shapes differ.",
-         probes=[r"^pad_inputs shapes\["]),
     dict(id="nxdi-unknown-neuron-config-keyword", stack="nxdi",
          what="NeuronConfig raises ContractError on a keyword it does not pop (the release only logs 'NeuronConfig "
               "init: Unexpected keyword arguments').",
@@ -58,13 +51,15 @@ DEVIATIONS = [
          cannot_pass="Both calls fail on the release as well; only the exception type and point differ."),
     dict(id="not-transcribed", stack="both",
          what="Features not transcribed raise NotImplementedError: NxDI fused speculation, EAGLE, Medusa, async mode, "
-              "chunked prefill, LoRA, tensor replacement/capture at run time, a batch larger than the compiled one, "
+              "chunked prefill, LoRA, tensor replacement/capture at run time, a batch larger than the compiled one (its "
+              "slices are padded and routed to the graphs as published, then not computed), "
               "input_start_offsets, modules_to_not_convert finer than 'layers.N' or 'lm_head' (and 'layers.N' with "
               "per_tensor_symmetric), quantization dtypes other than int8; tnx features listed in its modules "
               "(among them batched speculation: SpeculativeGenerator.sample with batch > 1).",
          why="The notebooks do not use them; reproducing them without the hardware would be guesswork.",
          cannot_pass="NotImplementedError fails the call; a feature is never silently skipped.",
-         probes=[r"^SpeculativeGenerator\[batch \d+( right-padded)?\]$"]),
+         probes=[r"^SpeculativeGenerator\[batch \d+( right-padded)?\]$",
+                 r"^routing\[(batch 1|speculation 4)\] \w+ rows=[23] sampling_params=rows$"]),
     dict(id="nxdi-platform-inf2", stack="nxdi",
          what="Hardware queries (get_platform_target, logical NeuronCores) answer as an inf2/trn1 instance "
               "(logical_nc_config 1).",

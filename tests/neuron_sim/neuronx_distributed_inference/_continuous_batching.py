@@ -20,7 +20,8 @@ transcribed here:
   any other a token-generation step.
 
 Refused with ContractError because the release would compute wrong tokens without a word: ``seq_ids`` outside
-``[0, max_batch_size)`` or repeated within one call. Numbers: ``helpers.serving.SlotModel`` (the reference
+``[0, max_batch_size)`` or repeated within a call of the full compiled batch (with fewer rows, ``_forward_with_pad``'s
+padding fails first with the release's IndexError, transcribed in ``ModelWrapper._pad_batch``). Numbers: ``helpers.serving.SlotModel`` (the reference
 engine with per-slot positions) at tp_degree=1; never a Neuron measurement.
 """
 from __future__ import annotations

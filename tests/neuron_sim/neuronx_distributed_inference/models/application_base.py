@@ -30,7 +30,7 @@ import json
 import logging
 import os
 import time
-from typing import Type
+from typing import Dict, List, Tuple, Type
 
 import torch
 
@@ -58,14 +58,39 @@ def is_compiled(model_path):
 
 
 class _TracedModel(torch.nn.Module):
-    """What the stand-in saves as model.pt: the settings the graphs were compiled for (JSON), no graph."""
+    """What the stand-in saves as model.pt: the settings the graphs were compiled for (JSON), no graph, and the
+    shapes each bucket of each graph was traced with (``input_shape_map``, built as neuronx-distributed v2.28.0
+    trace/model_builder.py builds it). ``router`` is neuronx-distributed's ``NxDModel.router`` (trace/spmd.py),
+    copied: it runs in TorchScript as there, so inputs of shapes no bucket was traced with fail with the release's
+    ``torch.jit.Error`` (``builtins.ValueError: Input shape ... not found in input_shape_map: ...``)."""
 
-    def __init__(self, settings: str):
+    input_shape_map: Dict[str, Tuple[str, int]]
+
+    def __init__(self, settings: str, input_shape_map: Dict[str, Tuple[str, int]]):
         super().__init__()
         self.settings = settings
+        self.input_shape_map = input_shape_map
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
+    def router(self, inputs: List[torch.Tensor]) -> Tuple[str, int]:
+        actual_shape = str([tensor.shape for tensor in inputs])
+        if actual_shape not in self.input_shape_map:
+            raise ValueError(f"Input shape {actual_shape} not found in input_shape_map: {self.input_shape_map.keys()}")
+        return self.input_shape_map[actual_shape]
+
+    def forward(self, inputs: List[torch.Tensor]) -> Tuple[str, int]:
+        model_name, bucket_idx = self.router(inputs)
+        return model_name, bucket_idx
+
+
+def input_shape_map(models) -> Dict[str, Tuple[str, int]]:
+    """neuronx-distributed trace/model_builder.py (ModelBuilder): every example input of every model, by the
+    string of its shapes; a later bucket with the same shapes takes the key over."""
+    input_shape_map = {}
+    for model in models:
+        for i, example_input in enumerate(model.input_generator()):
+            # torch.Size type is not a concept in a jit model, it's just List[int]
+            input_shape_map[str([list(tensor.shape) for tensor in example_input])] = (model.tag, i)
+    return input_shape_map
 
 
 class NeuronApplicationBase(torch.nn.Module):
@@ -147,7 +172,8 @@ class NeuronApplicationBase(torch.nn.Module):
             "models": {m.tag: list(m.config.neuron_config.buckets) for m in self.models},
             "neuron_config": to_dict(self.neuron_config),
         }
-        return torch.jit.script(_TracedModel(json.dumps(settings, sort_keys=True, default=str)))
+        return torch.jit.script(_TracedModel(json.dumps(settings, sort_keys=True, default=str),
+                                             input_shape_map(self.models)))
 
     def shard_weights(self, compiled_model_path, debug=False, pre_shard_weights_hook=None):
         compiled_model_path = normalize_path(compiled_model_path)
