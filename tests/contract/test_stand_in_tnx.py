@@ -222,6 +222,45 @@ def test_positions_past_n_positions_are_refused(tnx, target):
         target.sample(torch.ones(1, N_POS + 2, dtype=torch.long), N_POS + 4, top_k=1)
 
 
+# ------------------------------------------------------------------------------------------ compiled batch sizes
+def test_sample_with_a_batch_size_not_compiled_fails_as_the_source(target, batch2, prompt):
+    """llama/model.py sample: ``if batch_size not in self.batch_sizes: raise ValueError(...)``."""
+    with pytest.raises(ValueError, match=re.escape("Model not compiled for batch_size : 2. Acceptable batch_size is "
+                                                   "one of the following [1]")):
+        greedy(target, prompt.repeat(2, 1), 2)
+    with pytest.raises(ValueError, match=re.escape("Model not compiled for batch_size : 1. Acceptable batch_size is "
+                                                   "one of the following [2]")):
+        greedy(batch2, prompt, 2)
+
+
+def test_forward_with_a_batch_size_not_compiled_fails_where_the_source_looks_the_graph_up(target, draft, prompt):
+    """forward(): a prompt goes to base.py context(), which takes ``decoder_lm_head_for_context[estimate,
+    batch_size]`` (KeyError((estimate, batch_size))); one token goes to the token decoder, whose fully unrolled
+    program looks up ``executors[npos, batch_size]`` (decoder.py DecoderProgramFullyUnrolled.execute)."""
+    n = prompt.shape[1]
+    with pytest.raises(KeyError) as err:
+        target(prompt.repeat(2, 1))
+    assert err.value.args == ((64, 2),)  # context bucket 64 (n_positions 128 // 2), batch 2
+    with pytest.raises(KeyError) as err:
+        target(prompt[:, :1].repeat(3, 1), cache_ids=torch.tensor([n]))
+    assert err.value.args == ((128, 3),)  # token bucket 128 for position n, batch 3
+    # a prompt longer than the only context bucket (4): that bucket's graph first, at batch 2
+    with pytest.raises(KeyError) as err:
+        draft(torch.ones(2, 6, dtype=torch.long))
+    assert err.value.args == ((4, 2),)
+
+
+def test_forward_on_a_decoder_not_fully_unrolled_fails_on_the_batch_index(tnx, path, prompt):
+    """unroll below the number of layers: DecoderProgramMultiLayer.execute takes ``self.batch_sizes.index(
+    batch_size)``: ValueError '2 is not in list'."""
+    m = tnx.LlamaForSampling.from_pretrained(path, batch_size=1, n_positions=N_POS, tp_degree=1, unroll=1)
+    m.to_neuron()
+    first = m(prompt)
+    assert first.shape == (1, m.config.vocab_size)
+    with pytest.raises(ValueError, match="^2 is not in list$"):
+        m(prompt[:, :1].repeat(2, 1), cache_ids=torch.tensor([prompt.shape[1]]))
+
+
 # ------------------------------------------------------------------------------------------ speculation
 def greedy_acceptor(tnx):
     """What a client must pass for greedy speculation: speculation.py has no greedy TokenAcceptor."""

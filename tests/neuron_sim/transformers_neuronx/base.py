@@ -403,6 +403,32 @@ class NeuronModelBase(torch.nn.Module):
                                         f"{sorted(self._engines)}"))
         return self._engines[batch_size]
 
+    def _check_compiled_batch(self, batch_size, context_length, first_position):
+        """The graph ``forward`` reaches for this batch size, and the lookup that fails when none was compiled for
+        it. More than one token goes through base.py ``context()`` (after ``_prepare_for_par_ctx_rhs_padding``):
+        ``self.decoder_lm_head_for_context[estimate, batch_size]``, a dict of the ``(context bucket, batch size)``
+        pairs compiled (``context_batch_sizes``): ``KeyError((estimate, batch_size))``. One token (or a prompt with no
+        context bucket, run token by token) goes to the token decoder: decoder.py ``forward_single`` picks the
+        ``n_positions`` bucket (``DecoderProgram.find_bucket_id``), then ``DecoderProgramFullyUnrolled.execute`` looks
+        up ``self.executors[npos, batch_size]`` (``KeyError((npos, batch_size))``); a decoder not fully unrolled
+        (``unroll`` < the number of layers: ``DecoderProgramMultiLayer``) fails first on
+        ``self.batch_sizes.index(batch_size)`` (``ValueError: N is not in list``)."""
+        if context_length > 1:
+            estimate = bucket.find(self.context_buckets, context_length)
+            if estimate is not None:
+                if batch_size not in self.context_batch_sizes:
+                    raise KeyError((estimate, batch_size))
+                return
+            first_position = 0  # base.py context(): the leftovers run token by token from position 0
+        if batch_size in self.batch_sizes:
+            return
+        npos = next((n for n in self.token_buckets if n >= first_position + 1), None)
+        if npos is None:
+            return  # find_bucket_id finds no bucket: _check_positions answers
+        if self.unroll == len(self.layers_after_partition):
+            raise KeyError((npos, batch_size))
+        raise ValueError(f"{batch_size} is not in list")
+
     def _check_positions(self, last_position):
         """True when ``last_position`` fits the KV cache. Past it the source's graphs write out of the cache
         without an error and return garbage: refused, except inside SpeculativeGenerator.sample, whose last
@@ -450,8 +476,9 @@ class NeuronModelBase(torch.nn.Module):
         at 0 the prompt is context-encoded up to the bucket ``bucket.find(context_buckets, length)``, padded to
         it, and a remainder past the largest context bucket runs token by token (base.py ``context``)."""
         batch, length = input_ids.shape
-        engine = self._engine(batch)
         first = 0 if cache_ids is None else self._first_position(cache_ids)
+        self._check_compiled_batch(batch, length, first)
+        engine = self._engine(batch)
         if not self._check_positions(first + length - 1):
             return torch.zeros(batch, self.config.vocab_size, dtype=torch.float32)
         if first == 0 and length > 1:
