@@ -668,7 +668,80 @@ def probes_tnx(side: str) -> dict:
             return speculation.DefaultTokenAcceptor()(draft_ids, draft, target)
         out[f"DefaultTokenAcceptor#{seed}"] = _outcome(accept)
     _tnx_loop_probes(out)
+    _tnx_batch_probes(out, side)
     return out
+
+
+def _tnx_batch_probes(out, side):
+    """A forward() whose batch size (or, token by token, position) reaches a graph lookup: the pinned side runs
+    base.py NeuronModelBase._forward / context / decode and decoder.py DecoderLmHeadForSamplingNoEmbedding.forward /
+    forward_single with DecoderProgram.find_bucket_id and DecoderProgramFullyUnrolled.execute on fake graphs (dicts
+    of the compiled (bucket, batch size) pairs); the stand-in side runs NeuronModelBase._check_compiled_batch.
+    Outcome: "ok" or the lookup's error. Prompt lengths are context buckets or longer than the largest (the padding
+    of _prepare_for_par_ctx_rhs_padding is not run here)."""
+    import itertools
+    from types import SimpleNamespace
+
+    import torch
+
+    from transformers_neuronx import base
+    from transformers_neuronx.config import NeuronConfig
+
+    vocab = 8
+
+    def graph(hidden, cache_ids, start_ids, *rest):
+        return torch.zeros(vocab, hidden.shape[1], start_ids.shape[0])
+
+    for ctx, batches, (batch, length, first) in itertools.product(
+            ([64, 128], [4], []), ([1], [2], [1, 2]),
+            [(b, n, 0) for b in (1, 2, 3) for n in (4, 6, 64, 128, 200)] + [(b, 1, p) for b in (1, 2, 3)
+                                                                            for p in (5, 127, 128, 200)]):
+        if length > 1 and ctx and length < min(ctx):
+            continue  # the caller pads up to the bucket first
+        tokens = [128, 256]
+
+        def run(ctx=ctx, batches=batches, batch=batch, length=length, first=first):
+            if side == "stand-in":
+                me = SimpleNamespace(context_buckets=ctx, context_batch_sizes=batches, batch_sizes=batches,
+                                     token_buckets=tokens, unroll=2, layers_after_partition=[0, 1])
+                base.NeuronModelBase._check_compiled_batch(me, batch, length, first)
+                return "ok"
+            from transformers_neuronx import decoder
+
+            class Program:
+                find_bucket_id = decoder.DecoderProgram.find_bucket_id
+                execute = decoder.DecoderProgramFullyUnrolled.execute
+                debug_tensors_to_host = decoder.DecoderProgram.debug_tensors_to_host
+
+            program = Program()
+            program.n_positions_list = tokens
+            program.executors = {(n, b): (lambda inputs, ranks: graph(*inputs)) for n in tokens for b in batches}
+
+            class TokenDecoder:
+                forward = decoder.DecoderLmHeadForSamplingNoEmbedding.forward
+                forward_single = decoder.DecoderLmHeadForSamplingNoEmbedding.forward_single
+                __call__ = forward
+
+            dec = TokenDecoder()
+            dec.neuron_config, dec.inputs_sdim, dec.program = NeuronConfig(), (1, 0, None, None), program
+            dec.use_executor, dec.return_ranks, dec.n_active_tokens = True, -1, 1
+
+            class Model:
+                _forward = base.NeuronModelBase._forward
+                context = base.NeuronModelBase.context
+                decode = base.NeuronModelBase.decode
+                _cast_logits = base.NeuronModelBase._cast_logits
+
+            me = Model()
+            me.neuron_config, me.is_fid, me.config = NeuronConfig(), False, SimpleNamespace(vocab_size=vocab)
+            me.context_buckets, me.decoder_lm_head = ctx, dec
+            me.decoder_lm_head_for_context = {(e, b): graph for e in ctx for b in batches}
+            cache_ids = torch.arange(first, first + length, dtype=torch.int32)
+            me._forward(torch.zeros(batch, length, 4), cache_ids, torch.zeros(batch, dtype=torch.int32),
+                        torch.as_tensor([length - 1]))
+            return "ok"
+        out[f"forward batch lookup[context_buckets={ctx},batch_sizes={batches},batch={batch},tokens={length},"
+            f"first={first}]"] = _outcome(run)
 
 
 # ------------------------------------------------------------------------------------------ tnx loop probes
