@@ -68,13 +68,14 @@ DEVIATIONS = [
     dict(id="tnx-silent-misread", stack="tnx",
          what="ContractError where transformers-neuronx silently misreads the call: SpeculativeGenerator.sample with "
               "a left-padded attention_mask (it takes count_nonzero(attention_mask) as each row's end and writes the "
-              "new tokens over the prompt), a left-padded batch without start_ids, a KV-cache position past "
-              "n_positions, a checkpoint with rope_parameters but no rope_theta (read as rope_theta=10000), load() "
-              "after to_neuron() (no effect).",
+              "new tokens over the prompt), a left-padded batch without start_ids, a checkpoint with rope_parameters "
+              "but no rope_theta (read as rope_theta=10000), load() after to_neuron() (no effect). Also a KV-cache "
+              "position past n_positions, where the source fails too but without naming the cause (a one-token step "
+              "raises StopIteration from DecoderProgram.find_bucket_id, decoder.py).",
          why="The reference engine cannot reproduce the release's wrong tokens bit for bit; failing loudly keeps a "
              "notebook from passing on output the release would have spoiled.",
-         cannot_pass="Each case gives wrong output (or silently ignores the call) on the release; on the stand-in "
-                     "it is an error.",
+         cannot_pass="Each case gives wrong output (or silently ignores the call, or fails) on the release; on the "
+                     "stand-in it is an error.",
          probes=[r"^SpeculativeGenerator\[mask left-padded\]$"]),
     dict(id="tnx-module-functions", stack="tnx",
          what="_sanity_check (a function nested in PretrainedModel.from_pretrained) and check_gqa_fallback (a "

@@ -25,7 +25,8 @@ never Neuron's. A stand-in graph file is a small JSON description of the graph, 
 
 Where the pinned release would silently misread a call, the stand-in raises ``ContractError``: an unknown
 keyword (swallowed by ``**kwargs``), a ``rope_parameters``-only config (read as rope_theta=10000), a left-padded
-batch without ``start_ids``, a KV-cache position past ``n_positions``, ``load()`` after ``to_neuron()``.
+batch without ``start_ids``, ``load()`` after ``to_neuron()``; and a KV-cache position past ``n_positions``, where the
+release fails without naming the cause (``StopIteration`` from ``find_bucket_id`` on a one-token step).
 Features the engine does not compute (continuous batching, on-device generation, KV-cache quantization,
 sparse attention, right padding, prefixed_length, ...) raise ``NotImplementedError`` at ``to_neuron()``.
 Presharded weights are written in the reference engine's layout
@@ -430,17 +431,18 @@ class NeuronModelBase(torch.nn.Module):
         raise ValueError(f"{batch_size} is not in list")
 
     def _check_positions(self, last_position):
-        """True when ``last_position`` fits the KV cache. Past it the source's graphs write out of the cache
-        without an error and return garbage: refused, except inside SpeculativeGenerator.sample, whose last
-        blocks may run past sequence_length == n_positions (those tokens are cut from its result)."""
+        """True when ``last_position`` fits the KV cache. Past it no token bucket of the source holds the position
+        (a one-token step raises StopIteration in ``find_bucket_id``): refused, except inside
+        SpeculativeGenerator.sample, whose last blocks may run past sequence_length == n_positions (those tokens
+        are cut from its result)."""
         n = max(self.token_buckets)
         if last_position < n:
             return True
         if self._past_cache_ok:
             return False
         raise contract.ContractError(
-            f"KV-cache position {last_position} is past n_positions={n}: transformers-neuronx does not check this "
-            "and silently computes garbage. Keep prompt + sequence_length <= n_positions.")
+            f"KV-cache position {last_position} is past n_positions={n}: no graph of transformers-neuronx holds it (its "
+            "token step fails with StopIteration in find_bucket_id). Keep prompt + sequence_length <= n_positions.")
 
     def _check_padding(self, input_ids, start_ids):
         pad = getattr(getattr(self, "_hf_config", None), "pad_token_id", None)
