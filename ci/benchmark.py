@@ -329,7 +329,7 @@ def profile_engine(m, ids, P: int, N: int, rows: int = 12) -> dict:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     steps = N - 1
-    m._require_built()
+    m.require_built()
 
     def labelled(x, w, b=None):
         with record_function(LINEAR_EVENT):
@@ -369,7 +369,7 @@ def matmul_pause_cost(m, batch: int, pause_us: float = 10.0, repeats: int = 5) -
     """A decode step's matmuls alone, as one pass over the rank's weights with the engine's linear:
     back to back, then with a busy-wait of ``pause_us`` between matmuls (as the other ops of a step
     sit between them). ``extra_us`` = what each pause costs beyond its own length."""
-    tr = m._require_built()
+    tr = m.require_built()
     weights = tr.w.matrices()
     xs = {k: torch.randn(batch, k, dtype=tr.dtype, device=tr.device) for k in {t.shape[1] for t in weights}}
 

@@ -54,7 +54,7 @@ def test_a_built_model_keeps_its_matrices_in_one_arena(tmp_path):
     from tiny_models import write_tiny
     write_tiny(tmp_path)
     m = helpers.NeuronModel.from_pretrained(str(tmp_path), n_positions=64).to_neuron()
-    tr = m._require_built()
+    tr = m.require_built()
     storages = {t.dense.untyped_storage().data_ptr() for t in tr.w.matrices()}
     assert len(storages) == 1
     assert kernel_choice.machine_key()["pages"] == hugepages.thp_mode()

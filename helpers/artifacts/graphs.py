@@ -41,14 +41,13 @@ import time
 
 import torch
 
+from ..engine.config import ARTIFACTS
 from ..engine.generation import graph_kinds
 from ..engine.kernels import CpuWeight
 from ..engine.kv_cache import KVCache
 from ..engine.model import Transformer, build_mask
 from ..engine.weights import LayerWeights, stored
 
-ARTIFACTS = ("export", "aoti")
-KINDS = ("context", "token")
 
 
 class ArtifactMismatchError(ValueError):
@@ -215,7 +214,7 @@ def check_unit(tr: Transformer, unit: Unit, batch: int, how: str) -> None:
 
 
 class BucketGraph:
-    """The graphs of one (kind, bucket), called like ``Transformer.forward`` (the engine's ``_step``)."""
+    """The graphs of one (kind, bucket), called like ``Transformer.forward`` (the engine's ``step``)."""
 
     def __init__(self, tr: Transformer, kind: str, bucket: int, batch: int, attn: Unit, mlp: Unit):
         self.tr, self.kind, self.bucket, self.batch, self.attn, self.mlp = tr, kind, bucket, batch, attn, mlp

@@ -98,7 +98,7 @@ def write_settings(model, directory, sharded_weights: bool, mark_presharded: boo
 def save(model, directory, sharded_weights: bool = False, mark_presharded: bool = True) -> dict:
     """Write this rank's graphs (+ its presharded weights); returns {"directory", "graphs", "bytes"}."""
     check_save(model, sharded_weights, mark_presharded)
-    tr = model._require_built()
+    tr = model.require_built()
     rank = tr.comm.rank
     saved = save_rank(directory, model.graphs, graph_fields(model), model.build_report,
                       tr.w if sharded_weights else None, weights_meta(model, rank), tr.kernels_record)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, fields
 from ..planning.gqa import GQA, as_strategy
 from .sampling import eos_list
 
+ARTIFACTS = ("export", "aoti")  # NeuronConfig(compiled=...): graphs built ahead of time (helpers.artifacts)
+
 
 def reject_unknown(kwargs, known, where: str, why: str | None = None) -> None:
     """Refuse the first key of ``kwargs`` that is not in ``known``, naming the closest valid one;
@@ -109,7 +111,7 @@ class NeuronConfig:
                 raise ValueError(f"group_query_attention={self.group_query_attention!r}: use a GQA member "
                                  f"({', '.join(g.name for g in GQA)}), helpers.planning.gqa.NxDIGQA "
                                  "(CONVERT_TO_MHA, REPLICATE_TO_TP_DEGREE) or its value") from None
-        if self.compiled not in (False, True, "export", "aoti"):
+        if self.compiled not in (False, True, *ARTIFACTS):
             raise ValueError(f"compiled={self.compiled!r}: use False (eager), 'export' (or True: torch.export "
                              "graphs per bucket) or 'aoti' (AOTInductor packages per bucket)")
         if self.padding_side != "left":

@@ -29,7 +29,7 @@ from .quant import check_quant_config, quantize_model
 from .sampling import (resolve_eos, resolve_pad, select_next_tokens, start_ids_from_mask, validate_input_ids,
                        validate_sampling_args)
 from .stopping import row_flags
-from .weights import RankWeights, move_weights, shard_state
+from .weights import RankWeights, move_weights, shard_state, weight_breakdown
 
 
 def graph_kinds(context_buckets, token_buckets, speculation_length: int = 0) -> list[tuple]:
@@ -169,23 +169,19 @@ class CausalLM:
 
     @property
     def weight_bytes(self) -> int:
-        w = self._require_built().w
-        ts = [w.embed, w.norm] + ([] if w.tied else [w.lm_head])
-        for L in w.layers:
-            ts += [t for t in (L.wqkv, L.wo, L.w13, L.w2, L.ln1, L.ln2, L.bqkv, L.bo) if t is not None]
-        total = sum(t.nbytes for t in ts)  # CpuWeight / QuantWeight.nbytes: the stored matrix (int8: values + scales)
-        return total + sum(t.nbytes for t in w.extra.values() if torch.is_tensor(t))
+        """Bytes of this rank's weights (``helpers.engine.weights.weight_breakdown``)."""
+        return sum(weight_breakdown(self.require_built().w).values())
 
     @property
     def kv_cache_bytes(self) -> int:
         """Bytes of the preallocated K and V caches (this rank)."""
-        return self._require_built().kv_cache_bytes()
+        return self.require_built().kv_cache_bytes()
 
     def _is_built(self) -> bool:
         """Whether ``to_neuron()`` has run: here, this process holds the built model."""
         return self.model is not None
 
-    def _require_built(self) -> Transformer:
+    def require_built(self) -> Transformer:
         if not self._is_built():
             raise RuntimeError("The model is not built: call .to_neuron() first (as on Neuron).")
         return self.model
@@ -195,20 +191,20 @@ class CausalLM:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
-    def _step(self, tokens, start_ids, first_slot: int, kind: str):
+    def step(self, tokens, start_ids, first_slot: int, kind: str):
         """Run ``tokens`` [B,T] at cache slots first_slot.. ; return logits of the last position [B,V]
         (kind "speculative": of every position, [B,T,V])."""
         B, T = tokens.shape
         last = first_slot + T
         if kind == "context":
-            width = self._select_bucket(kind, T)
+            width = self.select_bucket(kind, T)
             pad = width - T
             if pad:  # pad on the right to the bucket: junk slots are overwritten later, never attended
                 tokens = torch.cat([tokens, tokens.new_zeros(B, pad)], dim=1)
             kv_len = width
         else:
             width = T
-            kv_len = self._select_bucket(kind, last)
+            kv_len = self.select_bucket(kind, last)
         slots = torch.arange(first_slot, first_slot + width, device=self.device)
         rope_pos = (slots[None, :] - start_ids[:, None]).clamp_(min=0)
         mask = build_mask(slots, start_ids, kv_len, self.args.sliding_window)
@@ -216,11 +212,10 @@ class CausalLM:
             idx = torch.arange(T, device=self.device).expand(B, T)
         else:
             idx = torch.full((B, 1), T - 1, device=self.device)
-        logits = self.graphs[(kind, width if kind == "context" else kv_len)](
-            tokens, rope_pos, slots, kv_len, mask, idx)
+        logits = self.graphs[(kind, kv_len)](tokens, rope_pos, slots, kv_len, mask, idx)  # one graph per bucket
         return logits if kind == "speculative" else logits[:, -1]
 
-    def _select_bucket(self, kind: str, length: int) -> int:
+    def select_bucket(self, kind: str, length: int) -> int:
         """transformers-neuronx ``bucket.find`` (smallest >= length, else the largest) or NxDI first_fit."""
         buckets = self.context_buckets if kind == "context" else self.token_buckets
         if self.nxdi_bucketing is None:
@@ -236,7 +231,7 @@ class CausalLM:
         L = input_ids.shape[1]
         if self.nxdi_bucketing is None or L <= self.context_buckets[-1]:
             return input_ids, attention_mask
-        largest = self._select_bucket("context", L)  # raises unless allow_input_truncation
+        largest = self.select_bucket("context", L)  # raises unless allow_input_truncation
         warnings.warn(f"Truncating input ({L} tokens) to max_context_length ({largest} tokens). This may cause "
                       "unexpected outputs.")
         return input_ids[:, :largest], None if attention_mask is None else attention_mask[:, :largest]
@@ -247,22 +242,22 @@ class CausalLM:
         n_ctx = min(L, self.context_buckets[-1]) if self.context_buckets else 0
         logits = None
         if n_ctx:
-            logits = self._step(input_ids[:, :n_ctx], start_ids, 0, "context")
+            logits = self.step(input_ids[:, :n_ctx], start_ids, 0, "context")
         for pos in range(n_ctx, L):
-            logits = self._step(input_ids[:, pos:pos + 1], start_ids, pos, "token")
+            logits = self.step(input_ids[:, pos:pos + 1], start_ids, pos, "token")
         return logits
 
     @torch.inference_mode()
     def forward(self, input_ids, cache_ids=None, start_ids=None):
         """Logits [B, vocab] of the last position; ``cache_ids`` [T] are the slots to write (default 0..T-1)."""
-        self._require_built()
+        self.require_built()
         input_ids = validate_input_ids(input_ids, self.args.vocab_size).to(self.device)
         start = self._start_ids(input_ids, start_ids, None)
         first = 0 if cache_ids is None else int(cache_ids.reshape(-1)[0])
         if first == 0:
             input_ids, _ = self._fit_prompt(input_ids)
             return self._encode_prompt(input_ids, start)
-        return self._step(input_ids, start, first, "token")
+        return self.step(input_ids, start, first, "token")
 
     def enable_speculative_decoder(self, speculation_length: int) -> None:
         """Build a verification graph that scores ``speculation_length + 1`` tokens in one forward
@@ -280,7 +275,7 @@ class CausalLM:
     def speculative_forward(self, input_ids, cache_ids, start_ids=None):
         """Logits [B, T, vocab] for every position of ``input_ids`` [B, T] written at ``cache_ids``
         (T = speculation_length + 1: one fixed-shape graph per token bucket)."""
-        self._require_built()
+        self.require_built()
         if not self.speculation_length:
             raise RuntimeError("call enable_speculative_decoder(k) before to_neuron() to build the speculative graph")
         T = input_ids.shape[1]
@@ -290,7 +285,7 @@ class CausalLM:
         if first + T > self.n_positions:
             raise ValueError(f"positions {first}..{first + T - 1} exceed n_positions={self.n_positions}")
         input_ids = input_ids.to(self.device)
-        return self._step(input_ids, self._start_ids(input_ids, start_ids, None), first, "speculative")
+        return self.step(input_ids, self._start_ids(input_ids, start_ids, None), first, "speculative")
 
     def _start_ids(self, input_ids, start_ids, attention_mask):
         B = input_ids.shape[0]
@@ -314,7 +309,7 @@ class CausalLM:
         ``eos_token_override=[]`` disables the EOS stop. ``output_logits=True`` keeps each step's
         logits in ``self.stats["logits"]`` [B, steps, vocab].
         """
-        self._require_built()
+        self.require_built()
         validate_sampling_args(top_k, top_p, temperature)
         input_ids = validate_input_ids(input_ids, self.args.vocab_size).to(self.device)
         input_ids, attention_mask = self._fit_prompt(input_ids, attention_mask)
@@ -357,7 +352,7 @@ class CausalLM:
             step_times.append(time.perf_counter() - t0)
             if bool(done.all()) or cur + 1 == sequence_length:
                 break
-            logits = self._step(tok[:, None], start, cur, "token")
+            logits = self.step(tok[:, None], start, cur, "token")
         if streamer is not None:
             streamer.end()
         self.stats = {"prompt_len": L, "new_tokens": seq.shape[1] - L, "row_new_tokens": row_new_tokens.tolist(),

@@ -65,11 +65,6 @@ def accept_rejection(draft: torch.Tensor, q: torch.Tensor | None, p: torch.Tenso
     return k, int(torch.multinomial(p[k], 1, generator=generator))
 
 
-def accept_always_broken(draft, q, p, generator=None) -> tuple[int, int]:
-    """A deliberately WRONG rule (keeps every draft): used to show the distribution tests fail."""
-    return draft.numel(), int(torch.multinomial(p[-1], 1, generator=generator))
-
-
 # -- drafts --------------------------------------------------------------------------------------
 class PromptLookupDraft:
     """Drafts by finding the most recent earlier occurrence of the last ``ngram`` tokens and
@@ -102,44 +97,6 @@ class PromptLookupDraft:
         return torch.full((k,), s[-1]), None
 
 
-class NeuronPromptLookupDraft:
-    """Prompt lookup as a transformers-neuronx draft provider, so the library's ``SpeculativeGenerator(draft,
-    target, k)`` drafts by n-gram lookup, with no draft model (batch 1).
-
-    transformers-neuronx 0.13 (``speculation.py``) accepts any ``DraftProvider``: ``__call__(input_ids, k,
-    cache_ids, start_ids) -> (tokens, scores)``, first with the prompt (context encoding, ``cache_ids`` None),
-    then with the target's newest token and its position, asking for ``k`` drafts (``[1, k]`` tokens and
-    ``[k, 1, vocab]`` scores, here one-hot). It never says which drafts were accepted; the new token's
-    position does: the drafts before it are the accepted ones, so the sequence is rebuilt from the previous
-    proposal. (NxD Inference 0.8 has no such hook: its ``generate(prompt_lookup_num_tokens=...)`` fails,
-    see notebook 05.)"""
-
-    def __init__(self, vocab_size: int, ngram: int = 3):
-        self.lookup, self.vocab_size = PromptLookupDraft(ngram), int(vocab_size)
-        self.seq: list[int] = []      # tokens at positions 0 .. len-1, all accepted
-        self.pending: list[int] = []  # the last proposal, at positions len(seq) ..
-
-    def __call__(self, input_ids: torch.Tensor, k: int, cache_ids=None, start_ids=None):
-        if input_ids.shape[0] != 1:
-            raise ValueError("prompt lookup drafts for batch 1 (speculative sampling runs at batch_size=1)")
-        pos = 0 if cache_ids is None else int(torch.as_tensor(cache_ids).reshape(-1)[0])
-        if pos == 0:  # context encoding: the prompt
-            self.seq, self.pending = input_ids[0].tolist(), []
-        else:  # the token at ``pos``: the drafts before it were accepted
-            seq = self.seq + self.pending[:pos - len(self.seq)]
-            if len(seq) != pos:
-                raise ValueError(f"token at position {pos}, but the provider holds {len(seq)} tokens")
-            self.seq = seq + input_ids[0].tolist()
-        n = 1 if pos == 0 else int(k)
-        drafts, _ = self.lookup.propose(torch.tensor(self.seq), n)
-        self.pending = drafts.tolist()
-        scores = torch.full((n, 1, self.vocab_size), float("-inf"))
-        scores[torch.arange(n), 0, drafts] = 0.0  # one-hot: q(draft) = 1
-        if pos == 0:  # DraftModelForSpeculation's context shapes: [1, 1] token, [1, vocab] scores
-            return drafts[None, :1], scores[0]
-        return drafts[None], scores
-
-
 class ModelDraft:
     """A batch-1 reference model as the draft. It keeps its own KV cache in step with the
     accepted sequence and drafts from its own (warped) distribution."""
@@ -162,7 +119,7 @@ class ModelDraft:
         start = torch.zeros(1, dtype=torch.long, device=m.device)
         logits = None
         for pos in range(self.filled, seq.numel()):  # catch up with tokens accepted last round
-            logits = m._step(seq[None, pos:pos + 1].to(m.device), start, pos, "token")
+            logits = m.step(seq[None, pos:pos + 1].to(m.device), start, pos, "token")
         drafts, qs = [], []
         for i in range(k):
             q = probabilities(logits, top_k, top_p, temperature)[0]
@@ -170,7 +127,7 @@ class ModelDraft:
             drafts.append(tok)
             qs.append(q.cpu())
             if i + 1 < k:
-                logits = m._step(torch.tensor([[tok]], device=m.device), start, seq.numel() + i, "token")
+                logits = m.step(torch.tensor([[tok]], device=m.device), start, seq.numel() + i, "token")
         # slots seq.numel() .. +k-2 hold drafts 1..k-1; the caller tells us how many were accepted
         self._pending = seq.numel()
         return torch.tensor(drafts), (None if top_k == 1 else torch.stack(qs))
@@ -225,7 +182,7 @@ class SpeculativeGenerator:
         while seq.numel() < sequence_length and not (eos and int(seq[-1]) in eos):
             cur = seq.numel()
             if cur - 1 + k + 1 > t.n_positions:  # no room for a full speculative window: plain steps
-                logits = t._step(seq[None, -1:].to(t.device), torch.zeros(1, dtype=torch.long, device=t.device),
+                logits = t.step(seq[None, -1:].to(t.device), torch.zeros(1, dtype=torch.long, device=t.device),
                                  cur - 1, "token")
                 new = [self._select(logits, top_k, top_p, temperature, generator)]
             else:

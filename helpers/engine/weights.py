@@ -23,6 +23,9 @@ def stored(w):
     return w.dense if isinstance(w, CpuWeight) else w
 
 
+MATRICES = ("wqkv", "wo", "w13", "w2")  # a layer's matmul weights, in the order a step reads them
+
+
 @dataclass
 class LayerWeights:
     wqkv: torch.Tensor      # [(q_local + 2 * kv_local) * head_dim, hidden]   column-parallel
@@ -55,13 +58,14 @@ class RankWeights:
 
     def matrices(self) -> list:
         """The matrices a decode step streams, in the order it reads them (per layer, then the LM head)."""
-        return [t for L in self.layers for t in (L.wqkv, L.wo, L.w13, L.w2)] + [self.lm_head]
+        return [getattr(L, n) for L in self.layers for n in MATRICES] + [self.lm_head]
 
     def relayout(self, make) -> None:
         """Replace every matrix by ``make(matrix)`` (a tied embedding follows the LM head's stored tensor)."""
         tied = self.tied
         for L in self.layers:
-            L.wqkv, L.wo, L.w13, L.w2 = (make(t) for t in (L.wqkv, L.wo, L.w13, L.w2))
+            for n in MATRICES:
+                setattr(L, n, make(getattr(L, n)))
         self.lm_head = make(self.lm_head)
         if tied:  # one tensor serves both (an embedding row gather reads 576 strided floats: cheap)
             self.embed = stored(self.lm_head)
@@ -149,9 +153,10 @@ def shard_state(state, args: ModelArgs, dtype: torch.dtype, rank: int = 0, tp: i
 
 
 def weight_breakdown(w: RankWeights) -> dict:
-    """Bytes of one rank's weights by part (the embedding is replicated; tnx keeps it on the host)."""
+    """Bytes of one rank's weights by part (the embedding is replicated; tnx keeps it on the host). A weight object
+    counts its stored matrix (int8: values and scales)."""
     nbytes = lambda t: 0 if t is None else t.nbytes  # noqa: E731
-    layers = sum(nbytes(getattr(L, n)) for L in w.layers for n in ("wqkv", "wo", "w13", "w2", "bqkv", "bo"))
+    layers = sum(nbytes(getattr(L, n)) for L in w.layers for n in MATRICES + ("bqkv", "bo"))
     norms = nbytes(w.norm) + sum(nbytes(L.ln1) + nbytes(L.ln2) for L in w.layers)
     lm_head = 0 if w.tied else nbytes(w.lm_head)
     return {"embedding": nbytes(w.embed), "layers": layers, "norms": norms, "lm_head": lm_head}

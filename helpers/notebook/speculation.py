@@ -11,7 +11,8 @@ Neuron (whose ``sample()`` does not report acceptance).
 Also: the checks that sampling through a speculation window keeps the target's distribution (total-variation
 distance between counts of seeded runs, and the distance chance alone stays under), and the sweeps over ``k`` of
 ``ci/bench_speculative.py`` (:func:`sweep_k`, :func:`sampler_sweep_k`). The generator, drafts and acceptance rules
-are the engine's: ``helpers.engine.speculative``.
+are the engine's (``helpers.engine.speculative``), but for :func:`accept_always_broken`, the wrong rule the
+distribution checks must catch.
 """
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ import torch
 from ..engine.speculative import SpeculativeGenerator, expected_speedup
 from .figures import Spread
 from .timing import step_seconds
+
+
+def accept_always_broken(draft, q, p, generator=None) -> tuple[int, int]:
+    """A deliberately WRONG rule (keeps every draft): used to show the distribution tests fail."""
+    return draft.numel(), int(torch.multinomial(p[-1], 1, generator=generator))
 
 
 class GeneratorSampler:

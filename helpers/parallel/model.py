@@ -137,7 +137,7 @@ class ParallelModel(NeuronModel, tensor_parallel=True):
         ``graphs-rank{r}.json`` (+ ``weights/tp{r}_sharded_checkpoint.safetensors``); the driver writes the
         settings. Returns {"directory", "graphs" (all ranks), "bytes" (all ranks), "rank_bytes"}."""
         check_save(self, sharded_weights, mark_presharded)
-        ranks = self._require_built()
+        ranks = self.require_built()
         if Path(directory).is_file():  # as transformers-neuronx base.py _save_compiled_artifacts
             raise FileExistsError(f"Artifacts should be saved to a directory. Found existing file: {directory}")
         payload = {"directory": str(directory), "fields": self._graph_fields(), "sharded_weights": sharded_weights,
@@ -173,13 +173,13 @@ class ParallelModel(NeuronModel, tensor_parallel=True):
         """Whether ``to_neuron()`` has run: here, the rank processes hold the model."""
         return self._ranks is not None
 
-    def _require_built(self):
-        super()._require_built()
+    def require_built(self):
+        super().require_built()
         return self._ranks
 
     def all_reduce_latency(self, n: int = 50) -> float:
         """Measured seconds per all-reduce of one decode step's activation (slowest rank)."""
-        return max(self._require_built().call("bench_all_reduce", (n, self.batch_size)))
+        return max(self.require_built().call("bench_all_reduce", (n, self.batch_size)))
 
     @property
     def collectives_per_step(self) -> int:
@@ -188,12 +188,12 @@ class ParallelModel(NeuronModel, tensor_parallel=True):
 
     @property
     def rank_weight_bytes(self) -> list[int]:
-        self._require_built()
+        self.require_built()
         return [r["weight_bytes"] for r in self.rank_reports]
 
     @property
     def rank_kv_bytes(self) -> list[int]:
-        self._require_built()
+        self.require_built()
         return [r["kv_bytes"] for r in self.rank_reports]
 
     @property
