@@ -20,7 +20,7 @@ Artifacts (``NeuronConfig(compiled=...)``):
 - ``"export"``: ``torch.export`` programs saved with ``torch.export.save`` (``.pt2``): the ATen ops the
   eager engine runs with library kernels and torch's ops (bitwise identical to it with ``$NEURON_NB_GEMV=mkl``,
   ``$NEURON_NB_GEMM=onednn`` and ``$NEURON_NB_OPS=torch``); the default eager engine's "stream" kernel and C ops
-  between the matmuls (``helpers.engine.fused_ops``) are no ATen ops, so against it the outputs agree within f32
+  between the matmuls (``helpers.engine.cpu.fused_ops``) are no ATen ops, so against it the outputs agree within f32
   rounding.
 - ``"aoti"``: each exported program compiled by AOTInductor into a C++ shared library inside a
   ``.pt2`` package (``torch._inductor.aoti_compile_and_package``): real ahead-of-time machine code,
@@ -43,7 +43,7 @@ import torch
 
 from ..engine.config import ARTIFACTS
 from ..engine.generation import graph_kinds
-from ..engine.kernels import CpuWeight
+from ..engine.cpu.kernels import CpuWeight
 from ..engine.kv_cache import KVCache
 from ..engine.model import Transformer, build_mask
 from ..engine.weights import LayerWeights, stored

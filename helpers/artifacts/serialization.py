@@ -101,7 +101,7 @@ def save(model, directory, sharded_weights: bool = False, mark_presharded: bool 
     tr = model.require_built()
     rank = tr.comm.rank
     saved = save_rank(directory, model.graphs, graph_fields(model), model.build_report,
-                      tr.w if sharded_weights else None, weights_meta(model, rank), tr.kernels_record)
+                      tr.w if sharded_weights else None, weights_meta(model, rank), tr.ops.record)
     if rank == 0:
         write_settings(model, directory, sharded_weights, mark_presharded)
     return {"directory": str(Path(directory)), **saved}

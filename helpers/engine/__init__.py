@@ -4,9 +4,10 @@ Layer: above ``helpers.planning`` and ``helpers.model_store``; imports nothing a
 
 - ``config``: the architecture (``ModelArgs``) and the compile-time settings (``NeuronConfig``)
 - ``weights``: one rank's weights: fused, cast, sharded over tp as the GQA layout says
-- ``model``: ``Transformer``, one rank's forward over a fixed-shape KV cache
-- ``kernels``: CPU matmul kernels for f32 steps, timed and chosen by an explicit call
-- ``stream_kernel``: the "stream" matmul kernel (``csrc/stream_linear.c``, built at run time): a few rows at the cost of one
+- ``model``: ``Transformer``, one rank's forward over a fixed-shape KV cache, and ``TorchOps``, the ops it runs
+  between its matmuls
+- ``cpu``: the CPU speed layer (matmul kernels and their choice, ops in C, huge pages), handed to the model as its
+  ops object for f32 steps on CPU
 - ``quant``: int8 / fp8 weight storage
 - ``sampling``, ``streaming``, ``stopping``: token selection and the defaults of ``sample()``; the streamer and
   stopping-criteria contracts (one token recorder, the transformers-neuronx #75 workaround)

@@ -22,7 +22,7 @@ from ..model_store import load_config, load_state_dict, resolve_model_path
 from ..planning import buckets as bk
 from ..planning.dtypes import amp_dtype
 from .config import ModelArgs, NeuronConfig, reject_unknown
-from .kernel_choice import use_cpu_kernels
+from .cpu.ops import use_cpu
 from .kv_cache import KVCache
 from .model import Comm, Transformer, build_mask
 from .quant import check_quant_config, quantize_model
@@ -48,14 +48,12 @@ def eager_graphs(tr: Transformer, kinds) -> tuple[dict, list[dict]]:
                     for k, b in graphs]
 
 
-def select_kernels(tr: Transformer, quant=None, recorded: dict | None = None) -> Transformer:
-    """How a built rank runs its matmuls, chosen here, explicitly, once its weights are in place (the builders,
-    ``to_neuron()`` and a tensor-parallel rank's build, call it): f32 on CPU with the kernels chosen once for this
-    machine (``helpers.engine.kernel_choice``), or the ``recorded`` ones of a saved model being loaded; then int8
-    storage (``quant``) with its dequantizing linear. ``tr.matmul_kernels`` says which (None: library kernels)."""
-    tr.matmul_kernels = None
+def select_ops(tr: Transformer, quant=None, recorded: dict | None = None) -> Transformer:
+    """How a built rank runs, chosen here once its weights are in place (``to_neuron()`` and a tensor-parallel
+    rank's build call it): f32 on CPU with the CPU speed layer (``helpers.engine.cpu``: its kernels, or the
+    ``recorded`` ones of a saved model being loaded, and its ops), else torch's; then int8 storage (``quant``)."""
     if tr.device.type == "cpu" and tr.dtype == torch.float32:
-        use_cpu_kernels(tr, pack=quant is None, recorded=recorded)
+        use_cpu(tr, pack=quant is None, recorded=recorded)
     if quant is not None:
         quantize_model(tr, quant)
     return tr
@@ -140,7 +138,7 @@ class CausalLM:
             raise ValueError(f"tp_degree={self.tp_degree}: tensor parallelism runs in "
                              "helpers.parallel.ParallelModel (one process per rank)")
         weights = move_weights(self._load_weights(), self.device)
-        self.model = select_kernels(Transformer(self.args, weights, Comm(), self.batch_size, self.n_positions,
+        self.model = select_ops(Transformer(self.args, weights, Comm(), self.batch_size, self.n_positions,
                                                 self.device, self.dtype, self.cache_cls),
                                     self.neuron_config.quant, self._recorded_kernels())
         self.load_s = time.perf_counter() - t0

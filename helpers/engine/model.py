@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from transformers import AutoConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from . import fused_ops
 from .config import ModelArgs
 from .kv_cache import KVCache
 from .weights import LayerWeights, RankWeights
@@ -55,7 +54,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
     """The model's one linear: a tensor by ``F.linear``, a weight object by its own kernel (``w.linear``: f32 on
-    CPU, ``helpers.engine.kernels.CpuWeight``; int8 storage, ``helpers.engine.quant.QuantWeight``)."""
+    CPU, ``helpers.engine.cpu.kernels.CpuWeight``; int8 storage, ``helpers.engine.quant.QuantWeight``)."""
     return F.linear(x, w, b) if isinstance(w, torch.Tensor) else w.linear(x, b)
 
 
@@ -66,22 +65,49 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> 
     return torch.addcmul(x * cos, torch.cat((x2, x1), dim=-1), sin_signed)
 
 
+class TorchOps:
+    """The ops of a step between its matmuls, in torch, one path each. The CPU speed layer
+    (``helpers.engine.cpu.ops``) hands an f32 model on CPU a subclass that runs them in C."""
+    record = None  # what a saved model keeps of its ops (the speed layer's choice; None: nothing to check at load)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return rms_norm(x, weight, eps)
+
+    def rope(self, q, k, cos, sin_signed, head_dim: int):
+        """``q`` / ``k`` [B, T, heads * head_dim] rotated (``apply_rope``), same shapes."""
+        B, T, _ = q.shape
+        return tuple(apply_rope(t.reshape(B, T, -1, head_dim), cos, sin_signed).reshape(B, T, -1) for t in (q, k))
+
+    def attention(self, q, k, v, mask, kv_group: torch.Tensor, head_dim: int) -> torch.Tensor:
+        """``softmax(q k^T / sqrt(d) where mask) v``: ``q`` [B, T, heads * d], ``k`` / ``v`` [B, kv_heads, S, d],
+        ``kv_group`` [heads] the KV head of each query head -> [B, T, heads * d]."""
+        B, T, _ = q.shape
+        q = q.reshape(B, T, -1, head_dim).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k[:, kv_group], v[:, kv_group], attn_mask=mask)
+        return o.transpose(1, 2).reshape(B, T, -1)
+
+    def swiglu(self, gu: torch.Tensor) -> torch.Tensor:
+        """``silu(g) * u`` for ``g, u = gu.chunk(2, -1)`` (the fused gate/up output)."""
+        g, u = gu.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+
 class Transformer:
     """One rank's forward pass over a fixed-shape KV cache.
 
     ``forward(tokens [B,T], rope_pos [B,T], slots [T], kv_len, mask [B,T,kv_len], logit_idx)``
     writes this step's K/V at ``slots`` and attends over cache positions ``[0, kv_len)``. ``cache_cls``: the
     kind of KV cache (``helpers.serving`` passes its own); :meth:`with_cache` is the same model over another.
+    ``ops``: what runs between the matmuls (:class:`TorchOps`; the build may hand it the CPU speed layer's).
     """
 
     def __init__(self, args: ModelArgs, w: RankWeights, comm: Comm, batch_size: int, n_positions: int,
                  device: torch.device, dtype: torch.dtype, cache_cls: type[KVCache] = KVCache):
         self.args, self.w, self.comm = args, w, comm
         self.dtype, self.device = dtype, device
-        self.matmul_kernels: dict | None = None  # the CPU kernel per shape family, when they run (kernel_choice)
-        self.fused = False  # the ops between the matmuls in C (helpers.engine.fused_ops), where kernel_choice chose them
+        self.ops = TorchOps()
         group = w.kv_group if w.kv_group is not None else torch.arange(w.n_q) // max(1, w.n_q // w.n_kv)
-        self.head_kv = group.to(torch.int32)  # the KV head of each query head (fused_ops.attention)
+        self.kv_group = group.to(device=device, dtype=torch.int32)  # the KV head of each query head
         inv_freq, scale = rope_inv_freq(args)
         pos = torch.arange(n_positions, dtype=torch.float)
         freqs = pos[:, None] * inv_freq[None, :]
@@ -103,13 +129,6 @@ class Transformer:
         """The positions its RoPE tables cover (``n_positions``)."""
         return self.cos.shape[0]
 
-    @property
-    def kernels_record(self) -> dict | None:
-        """What a saved model records of the CPU kernels this model runs with: ``matmul_kernels`` and ``"ops"`` (the
-        ops between them: ``"fused"``, ``helpers.engine.fused_ops``, or ``"torch"``); None where they do not run.
-        A load builds with the same (``helpers.engine.kernel_choice.check_recorded``)."""
-        return None if self.matmul_kernels is None else dict(self.matmul_kernels, ops="fused" if self.fused else "torch")
-
     def kv_cache_bytes(self) -> int:
         return self.cache.nbytes
 
@@ -120,40 +139,18 @@ class Transformer:
         qkv = linear(h, L.wqkv, L.bqkv)
         return qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
 
-    def c_ops(self) -> bool:
-        """Whether this call runs the C ops between the matmuls: the build chose them (``self.fused``) and
-        ``torch.export`` is not tracing (a graph holds ATen ops only)."""
-        return self.fused and not fused_ops.tracing()
-
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """The model's RMSNorm: in C where the build chose the fused ops (``helpers.engine.fused_ops``)."""
-        if self.c_ops():
-            return fused_ops.rms_norm(x, weight, self.args.rms_norm_eps)
-        return rms_norm(x, weight, self.args.rms_norm_eps)
+        return self.ops.rms_norm(x, weight, self.args.rms_norm_eps)
 
     def attention(self, q, k, v, kv: KVCache, cos, sin, slots, kv_len: int, attn_mask):
         """RoPE (``cos``/``sin`` [B, T, 1, D], ``sin`` sign-folded, see ``apply_rope``), write K/V at ``slots`` of
         the layer's cache ``kv`` (``kv.update``), attend over [0, kv_len) -> [B, T, n_q * head_dim] (GQA mapping of
-        this rank's layout). Seam: ``helpers.parallel`` exchanges rows and heads around it (SHARD_OVER_BATCH).
-        With the fused ops (``self.fused``): RoPE in place on ``q`` and ``k`` (fresh projections) and, for a few
-        query rows, the attention, each one C call."""
+        this rank's layout). Seam: ``helpers.parallel`` exchanges rows and heads around it (SHARD_OVER_BATCH)."""
         B, T, _ = q.shape
         D = self.args.head_dim
-        fused = self.c_ops()
-        if fused and fused_ops.rope_qk_(q, k, cos, sin, D):
-            k = k.reshape(B, T, -1, D).transpose(1, 2)
-        else:
-            q = apply_rope(q.reshape(B, T, -1, D), cos, sin).reshape(B, T, -1)
-            k = apply_rope(k.reshape(B, T, -1, D), cos, sin).transpose(1, 2)
-        k, v = kv.update(slots, k, v.reshape(B, T, -1, D).transpose(1, 2), kv_len)
-        if fused and fused_ops.attention_fits(q, k, v, attn_mask):
-            return fused_ops.attention(q, k, v, attn_mask, self.head_kv, D)
-        q = q.reshape(B, T, -1, D).transpose(1, 2)
-        if self.w.kv_group is not None:  # arbitrary q->kv mapping (padded / replicated layouts)
-            o = F.scaled_dot_product_attention(q, k[:, self.w.kv_group], v[:, self.w.kv_group], attn_mask=attn_mask)
-        else:
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=self.w.n_q != self.w.n_kv)
-        return o.transpose(1, 2).reshape(B, T, -1)
+        q, k = self.ops.rope(q, k, cos, sin, D)
+        k, v = kv.update(slots, *(t.reshape(B, T, -1, D).transpose(1, 2) for t in (k, v)), kv_len)
+        return self.ops.attention(q, k, v, attn_mask, self.kv_group, D)
 
     def attn_block(self, x, L: LayerWeights, kv: KVCache, cos, sin, slots, kv_len: int, attn_mask):
         """One layer's attention from its input norm to o_proj, up to the all-reduce (one compiled graph
@@ -164,11 +161,7 @@ class Transformer:
 
     def mlp_block(self, x, L: LayerWeights):
         """One layer's gated MLP up to its all-reduce."""
-        gu = linear(self.norm(x, L.ln2), L.w13)
-        if self.c_ops():
-            return linear(fused_ops.swiglu(gu), L.w2)
-        g, u = gu.chunk(2, dim=-1)
-        return linear(F.silu(g) * u, L.w2)
+        return linear(self.ops.swiglu(linear(self.norm(x, L.ln2), L.w13)), L.w2)
 
     @torch.inference_mode()
     def forward(self, tokens, rope_pos, slots, kv_len: int, mask, logit_idx=None, blocks=None):

@@ -14,13 +14,12 @@ import torch
 
 from ..planning.gqa import HeadLayout, resolve_layout, round_up
 from .config import ModelArgs
-from .kernels import CpuWeight
 
 
 def stored(w):
-    """The tensor a weight keeps: a :class:`CpuWeight`'s column-major matrix, else the weight itself (a tensor,
-    or an int8 ``helpers.engine.quant.QuantWeight``)."""
-    return w.dense if isinstance(w, CpuWeight) else w
+    """The tensor a weight keeps: a CPU weight's column-major matrix (``helpers.engine.cpu.kernels.CpuWeight``:
+    ``dense``), else the weight itself (a tensor, or an int8 ``helpers.engine.quant.QuantWeight``)."""
+    return getattr(w, "dense", w)
 
 
 MATRICES = ("wqkv", "wo", "w13", "w2")  # a layer's matmul weights, in the order a step reads them

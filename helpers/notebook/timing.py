@@ -4,7 +4,7 @@ and the benchmark's step table (``ci/benchmark.py``), measured one way for both.
 A step over several rows is either decode at batch ``b`` (a model built with ``batch_size=b``, one token
 per sequence) or the verification of ``k + 1`` tokens of one sequence (a model with the speculative graph,
 ``enable_speculative_decoder``). Either reads every weight once, so on Neuron, and with the CPU kernels of
-``helpers.engine.kernels``, it should cost little more than a one-row step.
+``helpers.engine.cpu.kernels``, it should cost little more than a one-row step.
 
 It times the engine's own fixed-shape step (``CausalLM.step``), with no sampling loop around it.
 """

@@ -25,7 +25,7 @@ from ..artifacts.presharded import load_rank_weights
 from ..artifacts.manifest import recorded_kernels
 from ..artifacts.serialization import rank_graphs, save_rank
 from ..engine.config import ModelArgs
-from ..engine.generation import select_kernels
+from ..engine.generation import select_ops
 from ..engine.weights import RankWeights, move_weights, shard_state, weight_breakdown
 from ..model_store import LazyState, load_config
 from ..planning.dtypes import amp_dtype
@@ -87,7 +87,7 @@ class _RankServer:
         comm = DistComm(self.rank, self.tp, kv_group)
         g = spec["graphs"]
         recorded = recorded_kernels(g["load_dir"], self.rank) if g["load_dir"] else None  # a load reruns the saved kernels
-        self.model = select_kernels(ParallelTransformer(args, w, comm, spec["batch_size"], spec["n_positions"],
+        self.model = select_ops(ParallelTransformer(args, w, comm, spec["batch_size"], spec["n_positions"],
                                                         device, dtype), spec["neuron_config"].quant, recorded)
         weights_s = time.perf_counter() - t0
         self.graphs, self.build_report, self._workdir = rank_graphs(
@@ -103,7 +103,7 @@ class _RankServer:
         """This rank's graphs and manifest (+ presharded weights) under its rank's file names."""
         meta = p["weights_meta"][self.rank] if p["sharded_weights"] else None
         saved = save_rank(p["directory"], self.graphs, {**p["fields"], "rank": self.rank}, self.build_report,
-                          _storable(self.model.w) if p["sharded_weights"] else None, meta, self.model.kernels_record)
+                          _storable(self.model.w) if p["sharded_weights"] else None, meta, self.model.ops.record)
         return {"rank": self.rank, **saved}
 
     def bench_all_reduce(self, payload):

@@ -1,4 +1,4 @@
-"""The ops between a step's matmuls in C (``csrc/decode_ops.c``, part of ``helpers.engine.clib``): RMSNorm, RoPE on q
+"""The ops between a step's matmuls in C (``csrc/decode_ops.c``, part of ``helpers.engine.cpu.clib``): RMSNorm, RoPE on q
 and k, attention of a few query rows over the KV cache, SwiGLU.
 
 A decode step's matmuls read the weights at close to memory bandwidth; what else a layer does is a dozen small ATen
@@ -6,7 +6,7 @@ ops (``aten::rms_norm`` alone is six on CPU, ``scaled_dot_product_attention`` co
 each a few microseconds of dispatch for a few hundred floats of work. Each function here is one call instead
 (docs/performance.md, "The ops between the matmuls, in C", measures the difference). The model
 (``helpers.engine.model.Transformer``) calls them where its build chose them (``ops="fused"`` in its recorded
-kernels, ``helpers.engine.kernel_choice``; :func:`unfit_dims` checks the model's dims once), outside
+kernels, ``helpers.engine.cpu.kernel_choice``; :func:`unfit_dims` checks the model's dims once), outside
 :func:`tracing`, and for the attention where :func:`attention_fits`; anything else runs torch's ops.
 
 Numerics: f32 throughout; sums in a fixed order per output element, one thread each, so the bits do not depend on

@@ -11,9 +11,9 @@ many rows (prefill) it keeps up with the library GEMMs. The figures are the benc
 rows on the machine it runs on; docs/performance.md ("Decode speed, kernels and the roofline", "Steps by
 rows, and prefill") reports them for two machines.
 
-It is C with AVX2 intrinsics, part of the engine's C library (``helpers.engine.clib``: built on first use with
+It is C with AVX2 intrinsics, part of the engine's C library (``helpers.engine.cpu.clib``: built on first use with
 the system C compiler, called through ``ctypes``); where that library is unavailable ``clib.unavailable_reason``
-says why and ``helpers.engine.kernel_choice`` times and uses the other kernels only.
+says why and ``helpers.engine.cpu.kernel_choice`` times and uses the other kernels only.
 """
 from __future__ import annotations
 
