@@ -51,9 +51,9 @@ import helpers  # noqa: E402
 from helpers.engine.cpu import kernel_choice  # noqa: E402
 from helpers.engine.cpu import kernels as engine_kernels  # noqa: E402
 from helpers.engine.cpu import clib, fused_ops  # noqa: E402
-from helpers.engine import model as engine_model  # noqa: E402
+from helpers.engine.quant import QuantWeight  # noqa: E402
+from helpers.engine.weights import Linear  # noqa: E402
 from helpers.engine.cpu.hugepages import Arena  # noqa: E402
-from helpers.engine.model import linear  # noqa: E402
 from helpers.notebook.timing import step_seconds  # noqa: E402
 from helpers.planning.dtypes import amp_dtype  # noqa: E402
 
@@ -331,9 +331,11 @@ def profile_engine(m, ids, P: int, N: int, rows: int = 12) -> dict:
     steps = N - 1
     m.require_built()
 
-    def labelled(x, w, b=None):
-        with record_function(LINEAR_EVENT):
-            return linear(x, w, b)
+    def labelled(linear):
+        def run(w, x, b=None):
+            with record_function(LINEAR_EVENT):
+                return linear(w, x, b)
+        return run
 
     def labelled_op(name, fn):
         def run(*args):
@@ -341,9 +343,10 @@ def profile_engine(m, ids, P: int, N: int, rows: int = 12) -> dict:
                 return fn(*args)
         return run
 
-    # the model's linear and C ops, looked up in their modules at each call: labelled for this profile only
+    # every kind of matrix's linear and the C ops, looked up at each call: labelled for this profile only
     with contextlib.ExitStack() as patched:
-        patched.enter_context(mock.patch.object(engine_model, "linear", labelled))
+        for kind in (Linear, engine_kernels.CpuWeight, QuantWeight):
+            patched.enter_context(mock.patch.object(kind, "linear", labelled(kind.linear)))
         for name in FUSED_OPS:
             patched.enter_context(mock.patch.object(fused_ops, name, labelled_op(name, getattr(fused_ops, name))))
         with torch.inference_mode():
@@ -378,7 +381,8 @@ def matmul_pause_cost(m, batch: int, pause_us: float = 10.0, repeats: int = 5) -
         while time.perf_counter() < end:
             pass
 
-    passes = lambda pause: engine_kernels.matmul_pass_seconds(linear, weights, xs, repeats, pause)  # noqa: E731
+    passes = lambda pause: engine_kernels.matmul_pass_seconds(lambda x, w: w.linear(x), weights, xs, repeats,  # noqa: E731
+                                                              pause)
     with torch.inference_mode():
         passes(None)  # warm-up
         plain, paused = passes(None), passes(busy)

@@ -151,7 +151,7 @@ def test_cpu_weight_linear_is_f_linear(threads, rows, bias, kernel):
     computes F.linear, for every thread count, row count and bias; the model's linear runs a plain tensor (bf16,
     or any weight without kernels) by F.linear itself."""
     from helpers.engine.cpu.kernels import CpuWeight, column_major, kernel_available
-    from helpers.engine.model import linear
+    from helpers.engine.weights import Linear
 
     if not kernel_available(kernel):
         pytest.skip(f"{kernel} is not available here")
@@ -168,11 +168,11 @@ def test_cpu_weight_linear_is_f_linear(threads, rows, bias, kernel):
         cw = CpuWeight.build(w, kernels)
         assert cw.dense.t().is_contiguous() and torch.equal(cw.dense, w)
         assert set(cw.copies) == ({kernel} if kernel in ("stream", "packed") else set())
-        got = linear(x, cw, b)
+        got = cw.linear(x, b)
         assert got.shape == want.shape and torch.allclose(got, want, atol=1e-4, rtol=1e-4)
-        assert torch.equal(linear(x, w, b), torch.nn.functional.linear(x, w, b))  # same threads
+        assert torch.equal(Linear(w).linear(x, b), torch.nn.functional.linear(x, w, b))  # same threads
         xb, wb = x.bfloat16(), column_major(w.bfloat16())
-        assert torch.equal(linear(xb, wb), torch.nn.functional.linear(xb, wb))
+        assert torch.equal(Linear(wb).linear(xb), torch.nn.functional.linear(xb, wb))
     finally:
         torch.set_num_threads(before)
 
@@ -215,6 +215,7 @@ def test_time_matmuls_times_every_candidate_of_each_family(monkeypatch):
 def test_cpu_weights_serve_the_f32_cpu_engine_only():
     from helpers.engine.cpu.kernel_choice import planned_kernels
     from helpers.engine.cpu.kernels import COPIES, CpuWeight
+    from helpers.engine.weights import Linear
 
     m = helpers.NeuronModel(None, batch_size=1, n_positions=128).to_neuron()
     ws = m.model.w.matrices()
@@ -225,7 +226,7 @@ def test_cpu_weights_serve_the_f32_cpu_engine_only():
         kept = [kind in w.copies for w in ws]
         assert all(kept) if kind in m.model.ops.kernels.values() else not any(kept)
     m16 = helpers.NeuronModel(None, batch_size=1, n_positions=128, amp="bf16").to_neuron()
-    assert m16.model.ops.record is None and all(isinstance(w, torch.Tensor) for w in m16.model.w.matrices())
+    assert m16.model.ops.record is None and all(type(w) is Linear for w in m16.model.w.matrices())
 
 
 def test_a_weight_owns_its_copies():

@@ -43,10 +43,9 @@ import torch
 
 from ..engine.config import ARTIFACTS
 from ..engine.generation import graph_kinds
-from ..engine.cpu.kernels import CpuWeight
 from ..engine.kv_cache import KVCache
 from ..engine.model import Transformer, build_mask
-from ..engine.weights import LayerWeights, stored
+from ..engine.weights import LayerWeights, Linear, stored
 
 
 
@@ -72,12 +71,12 @@ def layer_tensors(L: LayerWeights, names: list[str]) -> list[torch.Tensor]:
 
 
 def layer_view(template: LayerWeights, names: list[str], tensors, plain: bool = False) -> LayerWeights:
-    """``template`` over ``tensors`` (a graph's inputs): a :class:`CpuWeight` keeps its kernels (without copies),
-    or, ``plain``, becomes the tensor (``F.linear``)."""
+    """``template`` over ``tensors`` (a graph's inputs): a matrix keeps its kind (a ``CpuWeight`` its kernels,
+    without copies), or, ``plain``, runs ``F.linear`` (:class:`Linear`)."""
     L = copy.copy(template)
     for n, t in zip(names, tensors):
         old = getattr(template, n)
-        setattr(L, n, old.traced(t) if isinstance(old, CpuWeight) and not plain else t)
+        setattr(L, n, t if torch.is_tensor(old) else Linear(t) if plain else old.traced(t))
     return L
 
 

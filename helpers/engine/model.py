@@ -16,7 +16,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .config import ModelArgs
 from .kv_cache import KVCache
-from .weights import LayerWeights, RankWeights
+from .weights import LayerWeights, Linear, RankWeights
 
 
 class Comm:
@@ -50,12 +50,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
-
-
-def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
-    """The model's one linear: a tensor by ``F.linear``, a weight object by its own kernel (``w.linear``: f32 on
-    CPU, ``helpers.engine.cpu.kernels.CpuWeight``; int8 storage, ``helpers.engine.quant.QuantWeight``)."""
-    return F.linear(x, w, b) if isinstance(w, torch.Tensor) else w.linear(x, b)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
@@ -104,6 +98,7 @@ class Transformer:
     def __init__(self, args: ModelArgs, w: RankWeights, comm: Comm, batch_size: int, n_positions: int,
                  device: torch.device, dtype: torch.dtype, cache_cls: type[KVCache] = KVCache):
         self.args, self.w, self.comm = args, w, comm
+        w.relayout(Linear)  # every matrix owns its matmul (the build may swap in faster or int8 kinds)
         self.dtype, self.device = dtype, device
         self.ops = TorchOps()
         group = w.kv_group if w.kv_group is not None else torch.arange(w.n_q) // max(1, w.n_q // w.n_kv)
@@ -136,7 +131,7 @@ class Transformer:
         """Column-parallel fused projection -> q, k, v, each [B, T, heads * head_dim] of this rank.
         Seam: ``helpers.parallel`` splits by its layout's columns (SHARD_OVER_BATCH, ALL_GATHER_HEADS)."""
         nq, nkv = self.w.n_q * self.args.head_dim, self.w.n_kv * self.args.head_dim
-        qkv = linear(h, L.wqkv, L.bqkv)
+        qkv = L.wqkv.linear(h, L.bqkv)
         return qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -157,11 +152,11 @@ class Transformer:
         per bucket in helpers.artifacts)."""
         h = self.norm(x, L.ln1)
         q, k, v = self.qkv(L, h)
-        return linear(self.attention(q, k, v, kv, cos, sin, slots, kv_len, attn_mask), L.wo)
+        return L.wo.linear(self.attention(q, k, v, kv, cos, sin, slots, kv_len, attn_mask))
 
     def mlp_block(self, x, L: LayerWeights):
         """One layer's gated MLP up to its all-reduce."""
-        return linear(self.ops.swiglu(linear(self.norm(x, L.ln2), L.w13)), L.w2)
+        return L.w2.linear(self.ops.swiglu(L.w13.linear(self.norm(x, L.ln2))))
 
     @torch.inference_mode()
     def forward(self, tokens, rope_pos, slots, kv_len: int, mask, logit_idx=None, blocks=None):
@@ -182,7 +177,7 @@ class Transformer:
         if logit_idx is not None:
             x = x[torch.arange(B, device=x.device)[:, None], logit_idx]
         x = self.norm(x, w.norm)
-        logits = self.comm.all_gather(linear(x, w.lm_head), dim=-1)
+        logits = self.comm.all_gather(w.lm_head.linear(x), dim=-1)
         return logits[..., : w.vocab_size].float()
 
 

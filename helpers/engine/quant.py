@@ -14,7 +14,7 @@ Two families of methods, with the Neuron libraries' names:
   (one ``model.safetensors`` holding ``layers.N.<proj>.weight`` int8 + ``.scale`` f32, as NxDI names them).
 
 The engine calls :func:`check_quant_config` before any build and :func:`quantize_model` in ``to_neuron()``;
-the model's projections are then :class:`QuantWeight` objects, which ``helpers.engine.model.linear`` runs by
+the model's projections are then :class:`QuantWeight` objects, each running its own matmul,
 :meth:`QuantWeight.linear`.
 """
 from __future__ import annotations
@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from ..model_store import load_config, load_state_dict
 from ..planning.dtypes import AMP_DTYPES, QUANT_DTYPES
 from .config import ModelArgs
+from .weights import stored
 
 TNX_METHODS = ("vector_dynamic", "direct_cast")
 NXDI_METHODS = ("per_tensor_symmetric", "per_channel_symmetric")
@@ -186,8 +187,8 @@ def quantize_model(model, quant: QuantizationConfig) -> None:
         if saved is not None:
             get = {n: _saved_part(saved, i, n) for n in names}
         else:
-            parts = dict(zip(ATTN[:3], _split(L.wqkv, qkv_sizes))) | {ATTN[3]: L.wo}
-            parts |= dict(zip(MLP[:2], _split(L.w13, [ffn, ffn]))) | {MLP[2]: L.w2}
+            parts = dict(zip(ATTN[:3], _split(stored(L.wqkv), qkv_sizes))) | {ATTN[3]: stored(L.wo)}
+            parts |= dict(zip(MLP[:2], _split(stored(L.w13), [ffn, ffn]))) | {MLP[2]: stored(L.w2)}
             get = {n: quantize_tensor(parts[n], quant) for n in names}
         if quant.quantize_attn:
             L.wqkv = _checked(_fuse([get[n] for n in ATTN[:3]], dtype), L.wqkv, i, "q/k/v")
@@ -200,7 +201,8 @@ def _checked(qw: QuantWeight, old: torch.Tensor, layer: int, what: str) -> Quant
     if tuple(qw.shape) != tuple(old.shape):
         raise ValueError(f"layer {layer} {what}: quantized weight {tuple(qw.shape)} does not match the model's "
                          f"{tuple(old.shape)}: the quantized checkpoint belongs to another model (or tp_degree)")
-    qw.q, qw.scale = qw.q.to(old.device), None if qw.scale is None else qw.scale.to(old.device)
+    device = stored(old).device
+    qw.q, qw.scale = qw.q.to(device), None if qw.scale is None else qw.scale.to(device)
     return qw
 
 

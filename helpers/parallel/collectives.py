@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..engine.model import Comm, Transformer, linear
+from ..engine.model import Comm, Transformer
 from ..engine.weights import RankWeights
 from ..planning.gqa import HeadLayout
 
@@ -50,7 +50,7 @@ class ParallelTransformer(Transformer):
         if self.layout.kv_mode == "heads":
             return super().qkv(L, h)
         qc, kc, _ = self.cols
-        qkv = linear(h, L.wqkv, L.bqkv)
+        qkv = L.wqkv.linear(h, L.bqkv)
         q, k, v = qkv[..., :qc], qkv[..., qc:qc + kc], qkv[..., qc + kc:]
         if self.layout.kv_mode == "gather":  # this rank's K/V columns -> its group's whole KV head
             k = self.comm.all_gather(k, dim=-1, group=self.comm.kv_group)

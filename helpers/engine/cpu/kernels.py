@@ -7,7 +7,7 @@ the same weights and should cost about as much; prefill (T x hidden GEMMs) is co
 these three shape families ("one_row", "rows", "prefill") has its candidates (``MATMUL_KERNELS``).
 A model's f32 CPU weight is a :class:`CpuWeight`: the matrix stored column-major (:func:`column_major`), the
 kernel of each family fixed at the build, and the copies its kernels read ("stream", ``helpers.engine.cpu.stream_kernel``;
-oneDNN's blocked layout, "packed"); ``helpers.engine.model.linear`` runs it by its ``linear``.
+oneDNN's blocked layout, "packed"); the model runs it by its ``linear``.
 ``$NEURON_NB_GEMV`` / ``$NEURON_NB_GEMM`` / ``$NEURON_NB_PREFILL`` force a kernel (``$NEURON_NB_GEMM``
 forces prefill too unless ``$NEURON_NB_PREFILL`` is set).
 """

@@ -8,6 +8,7 @@ is what a saved model keeps of the choice; a load builds with it again (``kernel
 from __future__ import annotations
 
 from ..model import TorchOps
+from ..weights import Linear
 from . import fused_ops
 from . import kernels as K
 from .hugepages import Arena
@@ -58,7 +59,7 @@ def use_cpu(tr, pack: bool = True, recorded: dict | None = None):
     ``Arena``, and ``tr.ops`` = :class:`FusedOps` or :class:`CpuOps` as chosen. ``pack=False`` (int8 storage
     replaces the projections next): the matrices column-major only, and torch's ops."""
     if not pack:
-        tr.w.relayout(K.column_major)
+        tr.w.relayout(lambda t: Linear(K.column_major(t)))
         return tr
     kernels = build_kernels(recorded)
     ops = kernels.pop("ops")
