@@ -185,7 +185,8 @@ class CausalLM:
         return self.model
 
     # -- one forward over the fixed-shape cache ---------------------------------------------
-    def _sync(self):
+    def sync(self) -> None:
+        """Wait until the device finished what was asked of it (a CUDA device; the CPU runs synchronously)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
@@ -299,19 +300,34 @@ class CausalLM:
                temperature: float = 1.0, streamer=None, stopping_criteria_list=None,
                eos_token_override=None, attention_mask=None, generator: torch.Generator | None = None,
                pad_token_id: int | None = None, output_logits: bool = False):
-        """transformers-neuronx ``sample``: returns [B, prompt + generated] token ids.
+        """transformers-neuronx ``sample``: returns [B, prompt + generated] token ids (:meth:`generate`), and
+        ``self.stats``: each token's time (:class:`StepClock`), rows' new tokens and, with ``output_logits=True``,
+        each step's logits ``stats["logits"]`` [B, steps, vocab] (:class:`KeptLogits`).
 
         Greedy is ``top_k=1``. ``streamer.put`` receives a (B, 1) tensor per new token and ``end()``
-        once; the prompt is never put. Rows that finish (EOS or a stopping criterion that returns a
-        per-row bool tensor) are padded with ``pad_token_id`` until every row is done.
-        ``eos_token_override=[]`` disables the EOS stop. ``output_logits=True`` keeps each step's
-        logits in ``self.stats["logits"]`` [B, steps, vocab].
+        once; the prompt is never put. ``eos_token_override=[]`` disables the EOS stop.
         """
         self.require_built()
         validate_sampling_args(top_k, top_p, temperature)
         input_ids = validate_input_ids(input_ids, self.args.vocab_size).to(self.device)
         input_ids, attention_mask = self._fit_prompt(input_ids, attention_mask)
-        B, L = input_ids.shape
+        self._check_lengths(*input_ids.shape, sequence_length)
+        start = self._start_ids(input_ids, start_ids, attention_mask)
+        eos = resolve_eos(self.args.eos_ids, eos_token_override)
+        pad = resolve_pad(pad_token_id, self.args.pad_token_id, eos)
+        clock, kept = StepClock(self.sync), KeptLogits()
+        seq, row_new_tokens = self.generate(
+            input_ids, start, sequence_length, lambda x: select_next_tokens(x, top_k, top_p, temperature, generator),
+            eos, pad, streamer, stopping_criteria_list, [clock] + [kept] * output_logits)
+        L = input_ids.shape[1]
+        self.stats = {"prompt_len": L, "new_tokens": seq.shape[1] - L, "row_new_tokens": row_new_tokens.tolist(),
+                      "ttft_s": clock.times[0], "token_times_s": clock.times, "total_s": clock.times[-1],
+                      "pad_token_id": pad}
+        if output_logits:
+            self.stats["logits"] = torch.stack(kept.steps, dim=1)
+        return seq
+
+    def _check_lengths(self, B: int, L: int, sequence_length: int) -> None:
         if B != self.batch_size:
             raise ValueError(f"The model was built for batch_size={self.batch_size} but got {B} rows: "
                              f"pad the batch to {self.batch_size} rows or rebuild with batch_size={B} "
@@ -322,21 +338,21 @@ class CausalLM:
         if L >= sequence_length:
             raise ValueError(f"The prompt has {L} tokens and sequence_length={sequence_length} leaves no room "
                              "to generate: sequence_length counts prompt + new tokens.")
-        start = self._start_ids(input_ids, start_ids, attention_mask)
-        eos = resolve_eos(self.args.eos_ids, eos_token_override)
-        pad = resolve_pad(pad_token_id, self.args.pad_token_id, eos)
-        eos_t = torch.tensor(eos, device=self.device, dtype=torch.long)
 
-        t0 = time.perf_counter()
+    @torch.inference_mode()
+    def generate(self, input_ids, start, sequence_length: int, pick, eos: list[int], pad: int, streamer=None,
+                 stopping_criteria_list=None, observers=()):
+        """The decode loop over a prompt [B, L] (``start``: each row's first real token): ``pick(logits)`` chooses
+        each step's tokens; a row that finishes (an ``eos`` id, or a stopping criterion's per-row flag) is padded
+        with ``pad`` until every row is done. Each observer is called with ``(ids so far, logits)`` after each
+        token. Returns the ids [B, L + new] and each row's new tokens (its stop token included)."""
+        B, L = input_ids.shape
+        eos_t = torch.tensor(eos, device=self.device, dtype=torch.long)
         logits = self._encode_prompt(input_ids, start)
-        seq = input_ids
-        done = torch.zeros(B, dtype=torch.bool, device=self.device)
-        row_new_tokens = torch.zeros(B, dtype=torch.long, device=self.device)  # per row, incl. its stop token
-        step_times, kept_logits = [], []
+        seq, done = input_ids, torch.zeros(B, dtype=torch.bool, device=self.device)
+        row_new_tokens = torch.zeros(B, dtype=torch.long, device=self.device)
         for cur in range(L, sequence_length):
-            if output_logits:
-                kept_logits.append(logits.float().cpu())
-            tok = select_next_tokens(logits, top_k, top_p, temperature, generator)
+            tok = pick(logits)
             tok = torch.where(done, torch.full_like(tok, pad), tok)
             row_new_tokens += (~done).long()
             seq = torch.cat([seq, tok[:, None]], dim=1)
@@ -346,16 +362,33 @@ class CausalLM:
                 done = done | torch.isin(tok, eos_t)
             if stopping_criteria_list is not None:
                 done = done | row_flags(stopping_criteria_list(seq, logits), B, self.device)
-            self._sync()
-            step_times.append(time.perf_counter() - t0)
+            for observe in observers:
+                observe(seq, logits)
             if bool(done.all()) or cur + 1 == sequence_length:
                 break
             logits = self.step(tok[:, None], start, cur, "token")
         if streamer is not None:
             streamer.end()
-        self.stats = {"prompt_len": L, "new_tokens": seq.shape[1] - L, "row_new_tokens": row_new_tokens.tolist(),
-                      "ttft_s": step_times[0],
-                      "token_times_s": step_times, "total_s": step_times[-1], "pad_token_id": pad}
-        if output_logits:
-            self.stats["logits"] = torch.stack(kept_logits, dim=1)
-        return seq
+        return seq, row_new_tokens
+
+
+class StepClock:
+    """A generation observer: the time of each token since the clock was made (``perf_counter`` seconds, after the
+    device finished it)."""
+
+    def __init__(self, sync):
+        self.sync, self.t0, self.times = sync, time.perf_counter(), []
+
+    def __call__(self, seq, logits) -> None:
+        self.sync()
+        self.times.append(time.perf_counter() - self.t0)
+
+
+class KeptLogits:
+    """A generation observer: each step's logits, as f32 on the CPU (``steps``)."""
+
+    def __init__(self):
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, seq, logits) -> None:
+        self.steps.append(logits.float().cpu())

@@ -158,16 +158,8 @@ class SpeculativeGenerator:
                attention_mask=None, streamer=None, output_logits: bool = False, top_k: int = 1,
                top_p: float = 1.0, temperature: float = 1.0, generator: torch.Generator | None = None):
         validate_sampling_args(top_k, top_p, temperature)
-        input_ids = torch.as_tensor(input_ids)
-        if input_ids.dim() == 2:
-            if input_ids.shape[0] != 1:
-                raise ValueError(f"speculative sampling runs batch_size=1, got {input_ids.shape[0]} rows")
-            input_ids = input_ids[0]
-        if attention_mask is not None and bool((torch.as_tensor(attention_mask) == 0).any()):
-            raise ValueError("batch 1 needs no padding: pass the prompt without pad tokens")
+        input_ids = self._prompt(input_ids, attention_mask, sequence_length)
         t, k = self.target, self.k
-        if sequence_length > t.n_positions:
-            raise ValueError(f"sequence_length={sequence_length} exceeds the target's n_positions={t.n_positions}")
         eos = set(eos_list(eos_token_id))
         t0 = time.perf_counter()
         seq = input_ids.clone()
@@ -217,6 +209,20 @@ class SpeculativeGenerator:
         if output_logits:
             self.stats["logits"] = all_logits
         return seq[None]
+
+    def _prompt(self, input_ids, attention_mask, sequence_length: int) -> torch.Tensor:
+        """The prompt as one row [L], or a refusal (several rows, padding, no room in the target)."""
+        input_ids = torch.as_tensor(input_ids)
+        if input_ids.dim() == 2:
+            if input_ids.shape[0] != 1:
+                raise ValueError(f"speculative sampling runs batch_size=1, got {input_ids.shape[0]} rows")
+            input_ids = input_ids[0]
+        if attention_mask is not None and bool((torch.as_tensor(attention_mask) == 0).any()):
+            raise ValueError("batch 1 needs no padding: pass the prompt without pad tokens")
+        if sequence_length > self.target.n_positions:
+            raise ValueError(f"sequence_length={sequence_length} exceeds the target's "
+                             f"n_positions={self.target.n_positions}")
+        return input_ids
 
     @staticmethod
     def _select(logits, top_k, top_p, temperature, generator):

@@ -26,26 +26,6 @@ def row_flags(value, batch: int, device=None) -> torch.Tensor:
     return v.expand(batch) if v.numel() == 1 else v
 
 
-class RepeatedNgramCriteria(StoppingCriteria):
-    """A custom criterion: stop a row once its last ``n`` tokens already appeared ``max_repeats``
-    times among its generated tokens (a degenerate loop)."""
-
-    def __init__(self, prompt_len: int, n: int = 4, max_repeats: int = 2):
-        if n < 1 or max_repeats < 1:
-            raise ValueError("n and max_repeats must be >= 1")
-        self.prompt_len, self.n, self.max_repeats = prompt_len, n, max_repeats
-
-    def __call__(self, input_ids: torch.Tensor, scores=None, **kwargs) -> torch.BoolTensor:
-        gen = input_ids[:, self.prompt_len:]
-        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        if gen.shape[1] < self.n * (self.max_repeats + 1):
-            return done
-        windows = gen.unfold(1, self.n, 1)                     # [B, W, n]
-        last = windows[:, -1:, :]
-        count = (windows[:, :-1, :] == last).all(-1).sum(-1)   # earlier occurrences of the last n-gram
-        return count >= self.max_repeats
-
-
 class TrackedCriteria(StoppingCriteria):
     """Calls ``criteria`` with the ids generated so far. With a ``tracker`` (the :class:`TokenRecorder` the same
     ``sample()`` streams into), those are ``prompt`` + the tokens it recorded, whatever ids the caller passes

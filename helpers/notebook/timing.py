@@ -50,7 +50,7 @@ def step_seconds(cases: dict, position: int = 128, repeats: int = 7, seed: int =
             for label, (model, ids, start, kind) in runs.items():
                 t0 = time.perf_counter()
                 model.step(ids, start, position, kind)
-                model._sync()
+                model.sync()
                 if r:
                     times[label].append(time.perf_counter() - t0)
     return {label: {"median": statistics.median(ts), "min": min(ts), "max": max(ts), "n": len(ts)}
