@@ -8,7 +8,7 @@ multiple of ``tp_degree`` and KV heads replicated or split as the GQA strategy s
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +61,15 @@ class LayerWeights:
     bo: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class RankShard:
+    """Where one rank's weights sit in a tensor-parallel (or GQA) layout: what ``helpers.parallel``'s attention
+    reads."""
+    layout: HeadLayout
+    rank: int
+    qkv_cols: tuple[int, int, int]  # the fused QKV projection's q, k and v output columns on this rank
+
+
 @dataclass
 class RankWeights:
     """One rank's shard. ``n_q``/``n_kv`` are this rank's (padded) head counts."""
@@ -72,7 +81,7 @@ class RankWeights:
     n_kv: int
     vocab_size: int         # the unpadded vocabulary (gathered logits are cut to it)
     kv_group: torch.Tensor | None = None  # per local q head: index of its local kv head (None: n_q // n_kv groups)
-    extra: dict = field(default_factory=dict)
+    shard: RankShard | None = None  # the layout followed (tp > 1 or a GQA setting)
 
     @property
     def tied(self) -> bool:
@@ -128,8 +137,8 @@ def _heads(t: torch.Tensor, heads, head_dim: int, dim: int) -> torch.Tensor:
 def shard_state(state, args: ModelArgs, dtype: torch.dtype, rank: int = 0, tp: int = 1, gqa=None,
                 batch_size: int | None = None) -> RankWeights:
     """One rank's weights. ``gqa``: a strategy (resolved here, with the library's fallbacks) or a HeadLayout.
-    ``extra`` records the layout, the rank and the fused QKV split whenever there is a layout to follow
-    (tp > 1 or a GQA setting): what ``helpers.parallel``'s attention reads."""
+    ``shard`` records the layout, the rank and the fused QKV split whenever there is a layout to follow
+    (tp > 1 or a GQA setting)."""
     layout = gqa if isinstance(gqa, HeadLayout) else resolve_layout(
         args.n_heads, args.n_kv_heads, args.head_dim, tp, batch_size, gqa)
     if layout.tp != tp:
@@ -167,12 +176,12 @@ def shard_state(state, args: ModelArgs, dtype: torch.dtype, rank: int = 0, tp: i
     embed = get("model.embed_tokens.weight")
     lm = embed if args.tie_word_embeddings or "lm_head.weight" not in state else get("lm_head.weight")
     kv_group = layout.kv_group(rank)
-    extra = {"layout": layout, "rank": rank, "qkv_cols": (q.shape[0], k.shape[0], v.shape[0])}
+    shard = RankShard(layout, rank, (q.shape[0], k.shape[0], v.shape[0]))
     return RankWeights(
         embed=embed, norm=get("model.norm.weight"), lm_head=_chunk(lm, 0, tp, rank), layers=layers,
         n_q=args.n_heads if mode == "batch" else len(q_heads), n_kv=len(kv_heads), vocab_size=args.vocab_size,
         kv_group=None if kv_group is None else torch.tensor(kv_group),
-        extra=extra if tp > 1 or gqa is not None else {})
+        shard=shard if tp > 1 or gqa is not None else None)
 
 
 def weight_breakdown(w: RankWeights) -> dict:
@@ -206,5 +215,4 @@ def move_weights(w: RankWeights, device: torch.device) -> RankWeights:
     for L in w.layers:
         for name, t in list(vars(L).items()):
             setattr(L, name, mv(t))
-    w.extra = {k: mv(v) for k, v in w.extra.items()}
     return w

@@ -41,10 +41,10 @@ class ParallelTransformer(Transformer):
     """One rank's forward; SHARD_OVER_BATCH and ALL_GATHER_HEADS need their own attention dataflow."""
 
     def __init__(self, args, w: RankWeights, comm, batch_size, n_positions, device, dtype):
-        layout: HeadLayout = w.extra["layout"]
+        layout: HeadLayout = w.shard.layout
         rows = batch_size // layout.tp if layout.kv_mode == "batch" else batch_size
         super().__init__(args, w, comm, rows, n_positions, device, dtype)
-        self.layout, self.rank, self.cols = layout, w.extra["rank"], w.extra["qkv_cols"]
+        self.layout, self.rank, self.cols = layout, w.shard.rank, w.shard.qkv_cols
 
     def qkv(self, L, h):
         if self.layout.kv_mode == "heads":

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from ..artifacts.graphs import artifact_mode
 from ..artifacts.manifest import read_manifest
@@ -15,7 +14,7 @@ from ..artifacts.model import LOAD_AFTER_BUILD, NeuronModel
 from ..artifacts.presharded import check_rank_weights
 from ..artifacts.serialization import check_compile, check_save, graph_fields, weights_meta, write_settings
 from ..planning.gqa import HeadLayout, resolve_layout
-from .ranks import _init_torchrun, _RankServer, _SpawnedRanks, _TorchrunRanks, _torchrun_env
+from .ranks import Ranks
 
 
 def _layout_meta(layout: HeadLayout, rank: int) -> dict:
@@ -50,7 +49,7 @@ class _RemoteStep:
         return self.ranks.call("forward", payload)[0].to(self.device)
 
 
-class ParallelModel(NeuronModel, tensor_parallel=True):
+class ParallelModel(NeuronModel):
     """``NeuronModel`` with ``tp_degree`` ranks in their own processes (transformers-neuronx's ``tp_degree``).
 
     ``rank_reports`` (after ``to_neuron``) lists what each rank holds: query/KV heads, weight and KV-cache
@@ -96,17 +95,9 @@ class ParallelModel(NeuronModel, tensor_parallel=True):
         if self.presharded:  # every rank's file header, before any process starts (as load() checks graphs)
             for r, meta in enumerate(spec["weights_meta"]):
                 check_rank_weights(self.model_path, r, meta)
-        if _torchrun_env():
-            ctrl = _init_torchrun(self.device.type)
-            if dist.get_world_size() != self.tp_degree or dist.get_rank() != 0:
-                raise ValueError(f"torchrun started {dist.get_world_size()} processes (this is rank "
-                                 f"{dist.get_rank()}) but tp_degree={self.tp_degree}: use --nproc-per-node "
-                                 f"{self.tp_degree}; ranks other than 0 run helpers.parallel.serve_torchrun()")
-            self._ranks = _TorchrunRanks(_RankServer(0, self.tp_degree), ctrl)
-        else:
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
-            threads = max(1, torch.get_num_threads() // self.tp_degree)  # the ranks share the driver's threads
-            self._ranks = _SpawnedRanks(self.tp_degree, backend, threads)
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        threads = max(1, torch.get_num_threads() // self.tp_degree)  # the ranks share the driver's threads
+        self._ranks = Ranks(self.tp_degree, backend, threads)
         try:
             self.rank_reports = self._ranks.call("build", spec)
         except BaseException:

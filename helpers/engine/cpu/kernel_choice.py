@@ -1,24 +1,18 @@
-"""Which CPU matmul kernel runs each shape family, decided once per machine and kept.
+"""Which CPU matmul kernel runs each shape family, decided once per machine kind and kept.
 
 Every kernel of ``helpers.engine.cpu.kernels`` computes ``F.linear``, but each rounds in its own order, so the
-kernel decides the last bits of every f32 logit. Timing the kernels at each build made two builds of the
-same model round differently wherever two candidates were within the timing noise (notebook 08 with
-``tp_degree=2`` failed its round trip in 3 of 5 runs on an Intel Xeon: each rank process timed for itself).
-So the kernels are timed once per *machine kind* (CPU model, ISA flags, thread count, torch version, the
-kernels available), on synthetic weights of SmolLM2's shapes, larger than the caches (so the choice does
+kernel decides the last bits of every f32 logit: two builds that chose differently would not reproduce each
+other. So the kernels are timed once per *machine kind* (:func:`machine_key`: CPU model, ISA flags, thread count,
+torch version, the kernels available), on synthetic weights larger than the caches (``SHAPES``: the choice does
 not depend on which model is built first), and the result is kept in
-``helpers.model_store.cache_dir()/kernels/matmul-<key>.json`` (``$NEURON_NB_CACHE`` moves it with the
-checkpoint). Every later build on that machine, in any process, reads it: the same settings give bitwise
-the same logits build after build. The first process to write the file wins (a rank timing at the same
-moment adopts it). ``$NEURON_NB_GEMV`` / ``$NEURON_NB_GEMM`` / ``$NEURON_NB_PREFILL`` still force a kernel.
+``helpers.model_store.cache_dir()/kernels/matmul-<key>.json``; every later build on that machine, in any process,
+reads it, and the first process to write it wins. ``$NEURON_NB_GEMV`` / ``$NEURON_NB_GEMM`` /
+``$NEURON_NB_PREFILL`` force a kernel.
 
-Since the choice is kept for good, a timing beside other work would keep a slow kernel: the timing measures how
-much of this process's cores other processes used meanwhile (``/proc/stat``), is repeated while they leave too
-few free (each kernel keeping its best time), records that load in the file, and warns if it never eased.
-
-A built model records its kernels (``Transformer.ops.record``); ``helpers.artifacts`` writes them into a
-saved model's manifest, and loading it builds with those kernels again (:func:`build_kernels`), or refuses
-naming the one that cannot run here. Delete the cache file to time again (e.g. after a BIOS change).
+A timing beside other work would keep a slow kernel for good, so the timing measures the load other processes put
+on this process's cores (``/proc/stat``), is repeated while it leaves too few free, records it, and warns if it
+never eased. A saved model records its kernels (``Transformer.ops.record``) and a load builds with them again
+(:func:`check_recorded`), or refuses naming the one that cannot run here. Delete the cache file to time again.
 """
 from __future__ import annotations
 
@@ -42,7 +36,7 @@ FORMAT = 2  # 2: the weights (and the timed ones) live in a huge-page arena (hel
 # ISA features that decide a matmul kernel's speed (printed by ci/benchmark.py); the cache key hashes every flag
 ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
              "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2", "bf16", "i8mm")
-# Synthetic weights, SmolLM2-135M's shapes ([out, in]): 4 layers + the LM head, 170 MB (f32), above any L3 here.
+# Synthetic weights [out, in]: 4 layers of a small decoder + its LM head, 170 MB in f32, above any L3 cache.
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 4 + [(49152, 576)]
 _chosen: dict[str, dict] = {}  # cache key -> record, this process
 PROC_STAT = Path("/proc/stat")
