@@ -6,9 +6,10 @@ import torch
 
 import helpers
 from helpers.engine.speculative import (ModelDraft, PromptLookupDraft, SpeculativeGenerator, accept_greedy,
-                                        accept_rejection, expected_tokens_per_round, write_truncated_draft)
-from helpers.notebook.speculation import (accept_always_broken, first_emitted_distribution, tv_bound, tv_distance,
-                                          two_sample_tv_bound)
+                                        accept_rejection)
+from helpers.model_store import write_truncated_draft
+from helpers.notebook.speculation import (accept_always_broken, expected_tokens_per_round, first_emitted_distribution,
+                                          tv_bound, tv_distance, two_sample_tv_bound)
 from tiny_models import write_tiny
 
 V, K, N = 6, 3, 20000

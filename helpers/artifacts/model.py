@@ -19,13 +19,8 @@ LOAD_AFTER_BUILD = ("load() must come before to_neuron() (as in transformers-neu
 
 
 class NeuronModel(CausalLM):
-    """A causal LM built like a Neuron model. Prefer the aliases ``LlamaForSampling`` /
-    ``MistralForSampling`` / ``NeuronAutoModelForCausalLM`` and their ``from_pretrained``.
-
-    Differences from transformers-neuronx, on purpose: ``tp_degree`` defaults to 1 (there: 2);
-    unknown keywords raise (there: silently ignored); stopping criteria receive the ids generated
-    so far (there: the prompt, aws-neuron/transformers-neuronx#75).
-
+    """``CausalLM`` (its differences from transformers-neuronx included) with graphs compiled ahead of time and
+    saved. Prefer the aliases ``LlamaForSampling`` / ``MistralForSampling`` / ``NeuronAutoModelForCausalLM``.
     ``tp_degree > 1`` runs in ``helpers.parallel.ParallelModel`` (one process per rank, the same API).
     """
 

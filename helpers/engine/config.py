@@ -1,12 +1,6 @@
-"""Configuration of the reference engine: the model's architecture (from a Hugging Face
-``config.json``) and the compile-time settings (transformers-neuronx's names).
-
-Unknown keywords are refused here with the closest valid name. The Neuron libraries are
-more lenient: transformers-neuronx's ``LlamaForSampling`` swallows unknown keywords
-(``llama/model.py``: ``**kwargs`` is never forwarded) and NxD Inference's ``NeuronConfig``
-only logs "NeuronConfig init: Unexpected keyword arguments" (``models/config.py``), so a
-typo there silently runs with the default.
-"""
+"""The model's architecture (``ModelArgs``, from a Hugging Face ``config.json``) and the compile-time settings
+(``NeuronConfig``, transformers-neuronx's names). Unknown keywords are refused with the closest valid name (the
+Neuron libraries ignore or only log them, so a typo there runs with the default)."""
 from __future__ import annotations
 
 import difflib

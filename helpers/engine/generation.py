@@ -1,13 +1,7 @@
-"""The reference engine: a Neuron-compiled causal LM, mirrored in plain PyTorch.
-
-It keeps the Neuron programming model: the model is built for a fixed ``batch_size`` and
-``n_positions``; the KV cache is preallocated once in ``to_neuron()``; a prompt runs
-through a context-encoding graph padded to a context bucket, and every new token through a
-token-generation graph that attends over a token bucket of KV positions. Call shapes are
-transformers-neuronx's (``from_pretrained``, ``to_neuron``, ``sample``, ``forward``).
-
-``CausalLM`` owns the model (``helpers.engine.model.Transformer``), the buckets, one graph per
-(kind, bucket) and the sampling loop; its graphs here are the eager forward. ``helpers.NeuronModel``
+"""``CausalLM``: the Neuron programming model in plain PyTorch, with transformers-neuronx's call shapes
+(``from_pretrained``, ``to_neuron``, ``sample``, ``forward``). Built for a fixed ``batch_size`` and
+``n_positions``; a prompt runs through a context graph padded to its bucket, each new token through a token graph
+over a bucket of KV positions. Here the graphs are the eager forward; ``helpers.NeuronModel``
 (``helpers.artifacts``) adds graphs compiled ahead of time and their persistence.
 """
 from __future__ import annotations
@@ -26,9 +20,8 @@ from .cpu.ops import use_cpu
 from .kv_cache import KVCache
 from .model import Comm, Transformer, build_mask
 from .quant import check_quant_config, quantize_model
-from .sampling import (resolve_eos, resolve_pad, select_next_tokens, start_ids_from_mask, validate_input_ids,
-                       validate_sampling_args)
-from .stopping import row_flags
+from .sampling import (resolve_eos, resolve_pad, row_flags, select_next_tokens, start_ids_from_mask,
+                       validate_input_ids, validate_sampling_args)
 from .weights import RankWeights, move_weights, shard_state, weight_breakdown
 
 
@@ -60,13 +53,9 @@ def select_ops(tr: Transformer, quant=None, recorded: dict | None = None) -> Tra
 
 
 class CausalLM:
-    """A causal LM built like a Neuron model, with eager graphs. Use ``helpers.NeuronModel`` or its aliases
-    ``LlamaForSampling`` / ``MistralForSampling`` / ``NeuronAutoModelForCausalLM`` and their ``from_pretrained``.
-
-    Differences from transformers-neuronx, on purpose: ``tp_degree`` defaults to 1 (there: 2);
-    unknown keywords raise (there: silently ignored); stopping criteria receive the ids generated
-    so far (there: the prompt, aws-neuron/transformers-neuronx#75).
-    """
+    """A causal LM built like a Neuron model, with eager graphs (use ``helpers.NeuronModel`` and its aliases).
+    Differences from transformers-neuronx, on purpose: ``tp_degree`` defaults to 1 (there: 2); unknown keywords raise
+    (there: ignored); stopping criteria receive the ids generated so far (there: the prompt, transformers-neuronx#75)."""
 
     cache_cls: type[KVCache] = KVCache  # seam: helpers.serving's per-row KV writes (SlotKVCache)
     ARGS = ("batch_size", "n_positions", "tp_degree", "amp", "context_length_estimate",
@@ -139,8 +128,8 @@ class CausalLM:
                              "helpers.parallel.ParallelModel (one process per rank)")
         weights = move_weights(self._load_weights(), self.device)
         self.model = select_ops(Transformer(self.args, weights, Comm(), self.batch_size, self.n_positions,
-                                                self.device, self.dtype, self.cache_cls),
-                                    self.neuron_config.quant, self._recorded_kernels())
+                                            self.device, self.dtype, self.cache_cls),
+                                self.neuron_config.quant, self._recorded_kernels())
         self.load_s = time.perf_counter() - t0
         self.graphs, self.build_report = self._build_graphs()
         return self

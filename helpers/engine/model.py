@@ -1,10 +1,6 @@
-"""The model: one rank's forward pass over a fixed-shape KV cache, in plain PyTorch (gpt-fast style).
-
-``Transformer`` holds one rank's weights (``helpers.engine.weights``: fused QKV and gate/up, as
-Neuron's ``fuse_qkv``), its KV cache (``helpers.engine.kv_cache``, preallocated for the whole ``n_positions``)
-and a ``Comm`` for collectives (a no-op at tp=1). A layer is two blocks cut at the tensor-parallel all-reduces,
-``attn_block`` and ``mlp_block``: the units ``helpers.artifacts`` compiles per bucket.
-"""
+"""The model: one rank's forward pass over a fixed-shape KV cache, in plain PyTorch (gpt-fast style). A layer is
+two blocks cut at the tensor-parallel all-reduces, ``attn_block`` and ``mlp_block``: the units ``helpers.artifacts``
+compiles per bucket. What runs between the matmuls is the model's ``ops`` (:class:`TorchOps`)."""
 from __future__ import annotations
 
 import copy
@@ -42,16 +38,6 @@ def rope_inv_freq(args: ModelArgs) -> tuple[torch.Tensor, float]:
     return ROPE_INIT_FUNCTIONS[rope_type](cfg)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # As transformers' LlamaRMSNorm: statistics in f32, scale in the input dtype. In f32 that is
-    # exactly torch's fused rms_norm (one kernel instead of six).
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, weight.shape, weight, eps)
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """transformers' ``x * cos + rotate_half(x) * sin`` with the sign of rotate_half folded into
     ``sin_signed`` = cat(-sin[:D/2], sin[D/2:]): three kernels instead of six."""
@@ -65,7 +51,11 @@ class TorchOps:
     record = None  # what a saved model keeps of its ops (the speed layer's choice; None: nothing to check at load)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        return rms_norm(x, weight, eps)
+        """As transformers' LlamaRMSNorm: statistics in f32, scale in the input dtype (in f32: torch's fused one)."""
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, weight.shape, weight, eps)
+        h = x.float()
+        return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
     def rope(self, q, k, cos, sin_signed, head_dim: int):
         """``q`` / ``k`` [B, T, heads * head_dim] rotated (``apply_rope``), same shapes."""
@@ -87,13 +77,9 @@ class TorchOps:
 
 
 class Transformer:
-    """One rank's forward pass over a fixed-shape KV cache.
-
-    ``forward(tokens [B,T], rope_pos [B,T], slots [T], kv_len, mask [B,T,kv_len], logit_idx)``
-    writes this step's K/V at ``slots`` and attends over cache positions ``[0, kv_len)``. ``cache_cls``: the
-    kind of KV cache (``helpers.serving`` passes its own); :meth:`with_cache` is the same model over another.
-    ``ops``: what runs between the matmuls (:class:`TorchOps`; the build may hand it the CPU speed layer's).
-    """
+    """One rank's forward pass over a fixed-shape KV cache: ``forward(tokens [B,T], rope_pos [B,T], slots [T], kv_len,
+    mask [B,T,kv_len], logit_idx)`` writes this step's K/V at ``slots`` and attends over positions ``[0, kv_len)``.
+    ``cache_cls``: the kind of KV cache (``helpers.serving`` passes its own); ``ops``: what runs between the matmuls."""
 
     def __init__(self, args: ModelArgs, w: RankWeights, comm: Comm, batch_size: int, n_positions: int,
                  device: torch.device, dtype: torch.dtype, cache_cls: type[KVCache] = KVCache):

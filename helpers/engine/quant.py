@@ -1,27 +1,17 @@
-"""int8 weight storage: weights kept as 8-bit values plus scales, dequantized to ``amp`` at use.
+"""int8 weight storage: 8-bit values plus scales, dequantized to ``amp`` at use (:class:`QuantWeight`, a weight
+that owns its matmul), with the Neuron libraries' method names:
 
-Two families of methods, with the Neuron libraries' names:
-
-- transformers-neuronx 0.13 ``QuantizationConfig`` (``config.py``, ``quantize.py``):
-  ``vector_dynamic`` = one scale per output channel, ``absmax / 127`` for ``s8`` (``absmax / 240`` for
-  ``f8e4m3fn``, Neuron's fp8 bound ``constants.FpBounds``); ``direct_cast`` = cast with no scale.
-  Quantized: q/k/v/o (``quantize_attn``) and the MLP; the embedding and the LM head stay in ``amp``.
-- NxD Inference 0.8 ``quantization_type`` (``models/application_base.py:generate_quantized_state_dict``):
-  ``per_tensor_symmetric`` = one scale per weight, ``absmax / 127.5`` (torch's symmetric qint8 observer);
-  ``per_channel_symmetric`` = one per output channel, ``absmax / 127`` (neuronx-distributed's
-  ``PerChannelAbsMaxObserver``). NxDI quantizes a checkpoint once (``save_quantized_state_dict``) and
-  later loads read it from ``quantized_checkpoints_path``; :func:`save_quantized_state_dict` does the same
-  (one ``model.safetensors`` holding ``layers.N.<proj>.weight`` int8 + ``.scale`` f32, as NxDI names them).
-
-The engine calls :func:`check_quant_config` before any build and :func:`quantize_model` in ``to_neuron()``;
-the model's projections are then :class:`QuantWeight` objects, each running its own matmul,
-:meth:`QuantWeight.linear`.
+- transformers-neuronx 0.13 ``QuantizationConfig``: ``vector_dynamic`` = one scale per output channel,
+  ``absmax / 127`` for ``s8`` (``absmax / 240`` for ``f8e4m3fn``); ``direct_cast`` = cast with no scale.
+- NxD Inference 0.8 ``quantization_type``: ``per_tensor_symmetric`` = one scale per weight, ``absmax / 127.5``;
+  ``per_channel_symmetric`` = one per output channel, ``absmax / 127``. NxDI quantizes a checkpoint once
+  (:func:`save_quantized_state_dict`) and loads read it from ``quantized_checkpoints_path``.
 """
 from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -42,25 +32,29 @@ MLP = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 CHECKPOINT_FILE = "model.safetensors"
 
 
+@dataclass(eq=False)
 class QuantizationConfig:
-    """transformers-neuronx's ``QuantizationConfig`` keywords (same names and defaults), plus
-    NxDI's ``quantization_type`` values as ``quantize_method`` and NxDI's ``quantized_checkpoints_path``.
+    """transformers-neuronx's ``QuantizationConfig`` keywords (same names and defaults), NxDI's ``quantization_type``
+    values as ``quantize_method`` and NxDI's ``quantized_checkpoints_path``. ``no_quantize_list``: layer prefixes
+    ("model.layers.3") whose weights stay in ``amp``."""
 
-    ``no_quantize_list`` holds layer prefixes ("model.layers.3") whose weights stay in ``amp``. (In
-    transformers-neuronx 0.13 the list only gives f8e4m3fn MLP weights a unit scale and is ignored for
-    s8; NxDI's equivalent is ``modules_to_not_convert``, honoured for per_channel_symmetric only.)
-    """
+    quant_dtype: str = "s8"
+    dequant_dtype: str = "f16"
+    quantize_method: str = "vector_dynamic"
+    quantize_attn: bool = True
+    no_quantize_list: list = field(default_factory=list)
+    quantized_checkpoints_path: str | None = None
 
-    def __init__(self, quant_dtype: str = "s8", dequant_dtype: str = "f16", quantize_method: str = "vector_dynamic",
-                 quantize_attn: bool = True, no_quantize_list=(), quantized_checkpoints_path=None):
+    def __post_init__(self):
+        quant_dtype, quantize_method = self.quant_dtype, self.quantize_method
         if quant_dtype not in QUANT_DTYPES:
             raise ValueError(f"quant_dtype={quant_dtype!r}: use one of {list(QUANT_DTYPES)} "
                              "(transformers-neuronx names; NxDI's quantization_dtype='int8' is 's8')")
         if quantize_method not in TNX_METHODS + NXDI_METHODS:
             raise ValueError(f"quantize_method={quantize_method!r}: use one of {list(TNX_METHODS)} "
                              f"(transformers-neuronx) or {list(NXDI_METHODS)} (NxDI quantization_type)")
-        if dequant_dtype not in AMP_DTYPES:
-            raise ValueError(f"dequant_dtype={dequant_dtype!r}: use one of {sorted(AMP_DTYPES)}")
+        if self.dequant_dtype not in AMP_DTYPES:
+            raise ValueError(f"dequant_dtype={self.dequant_dtype!r}: use one of {sorted(AMP_DTYPES)}")
         if quantize_method == "direct_cast" and quant_dtype == "s8":
             raise ValueError("quantize_method='direct_cast' stores the weights cast to s8 with no scale: every "
                              "weight in (-1, 1), i.e. nearly all of an LLM's, becomes 0. Use "
@@ -70,16 +64,7 @@ class QuantizationConfig:
         if quantize_method in NXDI_METHODS and quant_dtype != "s8":
             raise ValueError(f"quantize_method={quantize_method!r} is implemented for int8 (quant_dtype='s8') "
                              "only in the reference engine")
-        self.quant_dtype, self.dequant_dtype, self.quantize_method = quant_dtype, dequant_dtype, quantize_method
-        self.quantize_attn = bool(quantize_attn)
-        self.no_quantize_list = list(no_quantize_list)
-        self.quantized_checkpoints_path = quantized_checkpoints_path
-
-    def __repr__(self):
-        return (f"QuantizationConfig(quant_dtype={self.quant_dtype!r}, dequant_dtype={self.dequant_dtype!r}, "
-                f"quantize_method={self.quantize_method!r}, quantize_attn={self.quantize_attn}, "
-                f"no_quantize_list={self.no_quantize_list}, "
-                f"quantized_checkpoints_path={self.quantized_checkpoints_path!r})")
+        self.quantize_attn, self.no_quantize_list = bool(self.quantize_attn), list(self.no_quantize_list)
 
     def quantized_names(self, layer: int) -> tuple[str, ...]:
         """The HF projection names of ``layer`` whose weights are stored quantized."""

@@ -1,33 +1,19 @@
 """Speculative sampling with the shape of transformers-neuronx's ``SpeculativeGenerator``.
 
-A draft proposes ``k`` tokens; the target scores the last accepted token plus the ``k`` drafts in
-one fixed-shape forward (its speculative graph, built by ``enable_speculative_decoder(k)`` before
-``to_neuron()``), and an acceptor keeps a prefix of the drafts plus one token of its own:
-
-* greedy (``top_k=1``): drafts are kept while they equal the target's argmax; then the target's
-  argmax follows. The output is token-identical to the target alone.
-* sampling: the modified rejection sampling of Leviathan et al. 2023 / Chen et al. 2023: keep draft
-  ``x`` with probability ``min(1, p(x) / q(x))``; at the first rejection draw from
-  ``norm(max(0, p - q))``; if all ``k`` are kept, draw a bonus token from the next ``p``. Every
-  emitted token is then distributed exactly as the target's ``p``.
-
-Drafts: :class:`PromptLookupDraft` (n-gram lookup in the sequence so far, no model: its ``q`` is
-one-hot) and :class:`ModelDraft` (any reference model with batch 1, e.g. a layer-truncated target).
-
-Differences from transformers-neuronx 0.13 (``speculation.py``), on purpose: the streamer receives
-each accepted token as a (1, 1) tensor (there: the prompt first, then zero-padded [batch, k]
-chunks), and ``sample`` takes ``top_k``/``top_p``/``temperature``/``generator``.
+A draft proposes ``k`` tokens; the target scores the last accepted token plus the drafts in one fixed-shape
+forward (its speculative graph), and an acceptor keeps a prefix of the drafts plus one token of its own: greedy
+(``top_k=1``) keeps drafts equal to the target's argmax (the output is the target's own); sampling uses the
+modified rejection sampling of Leviathan et al. 2023 (keep ``x`` with probability ``min(1, p(x) / q(x))``, else
+draw from ``norm(max(0, p - q))``), so every token is distributed as the target's ``p``. Drafts:
+:class:`PromptLookupDraft` (n-gram lookup, no model) and :class:`ModelDraft` (a batch-1 reference model).
+Unlike transformers-neuronx 0.13, the streamer receives each accepted token as a (1, 1) tensor.
 """
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from ..model_store import load_config, load_state_dict, resolve_model_path
 from .sampling import eos_list, probabilities, validate_sampling_args
 
 
@@ -67,14 +53,9 @@ def accept_rejection(draft: torch.Tensor, q: torch.Tensor | None, p: torch.Tenso
 
 # -- drafts --------------------------------------------------------------------------------------
 class PromptLookupDraft:
-    """Drafts by finding the most recent earlier occurrence of the last ``ngram`` tokens and
-    proposing the ``k`` tokens that followed it (falls back to shorter n-grams, then to repeating
-    the last token). A match close to the end continues into its own proposal, so a repeating
-    pattern (a list, a loop) is extended by whole periods. Costs no model forward; its
-    distribution is one-hot (q = None). transformers' ``PromptLookupCandidateGenerator`` (behind
-    ``generate(prompt_lookup_num_tokens=...)``) does the same lookup for ``generate()``, but returns a
-    variable number of candidates from the earliest match; a fixed-shape verification graph
-    (Neuron's, and this engine's) takes exactly ``k``."""
+    """Drafts the ``k`` tokens that followed the most recent earlier occurrence of the last ``ngram`` tokens (shorter
+    n-grams, then the last token repeated, as fallbacks; a match near the end continues into its own proposal, so a
+    repeating pattern extends by whole periods). No model: its distribution is one-hot (q = None)."""
 
     def __init__(self, ngram: int = 3):
         if ngram < 1:
@@ -229,36 +210,3 @@ class SpeculativeGenerator:
         if top_k == 1:
             return int(logits[0].argmax())
         return int(torch.multinomial(probabilities(logits, top_k, top_p, temperature)[0], 1, generator=generator))
-
-
-# -- analytic model ------------------------------------------------------------------------------
-def expected_tokens_per_round(alpha: float, k: int) -> float:
-    """Leviathan et al. 2023, eq. 1: E[tokens per target call] = (1 - alpha^(k+1)) / (1 - alpha)."""
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
-
-
-def expected_speedup(alpha: float, k: int, cost_ratio: float, verify_ratio: float = 1.0) -> float:
-    """Speedup over plain decoding when one round costs ``k * cost_ratio`` draft steps plus one
-    verification (``verify_ratio`` target steps: a (k+1)-token forward costs about one decode step
-    when decoding is bound by reading the weights)."""
-    return expected_tokens_per_round(alpha, k) / (k * cost_ratio + verify_ratio)
-
-
-def write_truncated_draft(model_path, n_layers: int, dest) -> Path:
-    """A layer-truncated copy of a Llama/Mistral checkpoint (the first ``n_layers`` blocks, the
-    embeddings, final norm and LM head), written once to ``dest`` as a checkpoint directory."""
-    src, dest = resolve_model_path(model_path), Path(dest)
-    cfg = load_config(src)
-    if not 1 <= n_layers <= cfg["num_hidden_layers"]:
-        raise ValueError(f"n_layers={n_layers}: choose 1..{cfg['num_hidden_layers']}")
-    if (dest / "config.json").is_file() and json.loads((dest / "config.json").read_text()).get(
-            "num_hidden_layers") == n_layers:
-        return dest
-    dest.mkdir(parents=True, exist_ok=True)
-    state = {n: t.contiguous() for n, t in load_state_dict(src).items()
-             if not n.startswith("model.layers.") or int(n.split(".")[2]) < n_layers}
-    save_file(state, str(dest / "model.safetensors"), metadata={"format": "pt"})
-    (dest / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": n_layers}, indent=2))
-    return dest

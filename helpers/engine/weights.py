@@ -1,11 +1,6 @@
-"""One rank's weights: the checkpoint's tensors fused (q/k/v and gate/up, as Neuron's ``fuse_qkv``),
-cast, and sharded for tensor parallelism.
-
-As in transformers-neuronx / NxD Inference (Megatron-style): q/k/v and gate/up are column-parallel,
-o and down are row-parallel, the LM head is vocabulary-parallel; query heads are padded up to a
-multiple of ``tp_degree`` and KV heads replicated or split as the GQA strategy says
-(``helpers.planning.gqa``). At tp=1 without a GQA setting the tensors are the checkpoint's own.
-"""
+"""One rank's weights: the checkpoint's tensors fused (q/k/v and gate/up, as Neuron's ``fuse_qkv``), cast and
+sharded Megatron-style: q/k/v and gate/up column-parallel, o and down row-parallel, the LM head
+vocabulary-parallel, heads padded or replicated as the GQA strategy says (``helpers.planning.gqa``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -2,7 +2,7 @@
 transformers-neuronx's calling convention (#75) reproduced on the reference engine, ``sample()`` timed with criteria, when a criterion fires, and stopped outputs checked
 against the unstopped run.
 
-The criteria contract and the workaround for #75 are the engine's: ``helpers.engine.stopping``.
+The workaround for #75 is ``helpers.neuron.tracking``.
 """
 from __future__ import annotations
 
