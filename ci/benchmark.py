@@ -52,7 +52,7 @@ from helpers.engine.cpu import kernel_choice  # noqa: E402
 from helpers.engine.cpu import kernels as engine_kernels  # noqa: E402
 from helpers.engine.cpu import clib, fused_ops  # noqa: E402
 from helpers.engine.quant import QuantWeight  # noqa: E402
-from helpers.engine.weights import Linear  # noqa: E402
+from helpers.engine.model import Linear  # noqa: E402
 from helpers.engine.cpu.hugepages import Arena  # noqa: E402
 from helpers.notebook.timing import step_seconds  # noqa: E402
 from helpers.planning.dtypes import amp_dtype  # noqa: E402

@@ -151,7 +151,7 @@ def test_cpu_weight_linear_is_f_linear(threads, rows, bias, kernel):
     computes F.linear, for every thread count, row count and bias; the model's linear runs a plain tensor (bf16,
     or any weight without kernels) by F.linear itself."""
     from helpers.engine.cpu.kernels import CpuWeight, column_major, kernel_available
-    from helpers.engine.weights import Linear
+    from helpers.engine.model import Linear
 
     if not kernel_available(kernel):
         pytest.skip(f"{kernel} is not available here")
@@ -215,7 +215,7 @@ def test_time_matmuls_times_every_candidate_of_each_family(monkeypatch):
 def test_cpu_weights_serve_the_f32_cpu_engine_only():
     from helpers.engine.cpu.kernel_choice import planned_kernels
     from helpers.engine.cpu.kernels import COPIES, CpuWeight
-    from helpers.engine.weights import Linear
+    from helpers.engine.model import Linear
 
     m = helpers.NeuronModel(None, batch_size=1, n_positions=128).to_neuron()
     ws = m.model.w.matrices()

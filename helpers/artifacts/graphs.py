@@ -44,8 +44,8 @@ import torch
 from ..engine.config import ARTIFACTS
 from ..engine.generation import graph_kinds
 from ..engine.kv_cache import KVCache
-from ..engine.model import Transformer, build_mask
-from ..engine.weights import LayerWeights, Linear, stored
+from ..engine.model import Linear, Transformer, build_mask
+from ..engine.weights import LayerWeights, stored
 
 
 

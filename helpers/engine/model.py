@@ -12,7 +12,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .config import ModelArgs
 from .kv_cache import KVCache
-from .weights import LayerWeights, Linear, RankWeights
+from .weights import LayerWeights, RankWeights
 
 
 class Comm:
@@ -43,6 +43,29 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> 
     ``sin_signed`` = cat(-sin[:D/2], sin[D/2:]): three kernels instead of six."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.addcmul(x * cos, torch.cat((x2, x1), dim=-1), sin_signed)
+
+
+class Linear:
+    """A [out, in] matrix that owns its matmul, as torch's ``nn.Linear``: ``linear(x, b)`` is ``F.linear``. The model
+    calls every matrix alike; the CPU speed layer's ``CpuWeight`` and int8's ``QuantWeight`` are the other kinds."""
+
+    def __init__(self, dense: torch.Tensor):
+        self.dense = dense
+
+    @property
+    def shape(self):
+        return self.dense.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.dense.nbytes
+
+    def linear(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, self.dense, b)
+
+    def traced(self, t: torch.Tensor) -> "Linear":
+        """The same kind of weight over ``t`` (a graph input while ``torch.export`` traces)."""
+        return Linear(t)
 
 
 class TorchOps:

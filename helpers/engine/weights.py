@@ -6,37 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ..planning.gqa import HeadLayout, resolve_layout, round_up
 from .config import ModelArgs
 
 
-class Linear:
-    """A [out, in] matrix that owns its matmul, as torch's ``nn.Linear``: ``linear(x, b)`` is ``F.linear``. The model
-    calls every matrix alike; the CPU speed layer's ``CpuWeight`` and int8's ``QuantWeight`` are the other kinds."""
-
-    def __init__(self, dense: torch.Tensor):
-        self.dense = dense
-
-    @property
-    def shape(self):
-        return self.dense.shape
-
-    @property
-    def nbytes(self) -> int:
-        return self.dense.nbytes
-
-    def linear(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        return F.linear(x, self.dense, b)
-
-    def traced(self, t: torch.Tensor) -> "Linear":
-        """The same kind of weight over ``t`` (a graph input while ``torch.export`` traces)."""
-        return Linear(t)
-
-
 def stored(w):
-    """The tensor a weight keeps: a :class:`Linear`'s or ``helpers.engine.cpu.kernels.CpuWeight``'s ``dense``, else
+    """The tensor a weight keeps: a ``model.Linear``'s or ``helpers.engine.cpu.kernels.CpuWeight``'s ``dense``, else
     the weight itself (a tensor, or an int8 ``helpers.engine.quant.QuantWeight``)."""
     return getattr(w, "dense", w)
 

@@ -7,8 +7,7 @@ is what a saved model keeps of the choice; a load builds with it again (``kernel
 """
 from __future__ import annotations
 
-from ..model import TorchOps
-from ..weights import Linear
+from ..model import Linear, TorchOps
 from . import fused_ops
 from . import kernels as K
 from .hugepages import Arena
