@@ -19,6 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ..model import Linear
 from . import clib, stream_kernel
 from .hugepages import Arena
 
@@ -175,8 +176,8 @@ def time_matmuls(weights_by_case: dict[str, list[torch.Tensor]], repeats: int = 
     return out
 
 
-class CpuWeight:
-    """An f32 [out, in] weight on CPU, stored column-major (``dense``: shape unchanged, strides swapped), with the
+class CpuWeight(Linear):
+    """A :class:`~helpers.engine.model.Linear`: an f32 [out, in] weight on CPU, stored column-major (``dense``: shape unchanged, strides swapped), with the
     kernel of each shape family it runs with (``kernels``: ``{"one_row", "rows", "prefill"} -> kernel``, fixed at
     the build, so its numerics never change afterwards) and the copies those kernels read (``copies``: kind ->
     tensor), which live and die with it.
@@ -195,7 +196,8 @@ class CpuWeight:
     """
 
     def __init__(self, dense: torch.Tensor, kernels: dict[str, str], copies: dict[str, torch.Tensor] | None = None):
-        self.dense, self.kernels, self.copies = dense, dict(kernels), dict(copies or {})
+        super().__init__(dense)
+        self.kernels, self.copies = dict(kernels), dict(copies or {})
 
     @classmethod
     def build(cls, w: torch.Tensor, kernels: dict[str, str], kinds=None, arena: Arena | None = None) -> "CpuWeight":
@@ -224,15 +226,6 @@ class CpuWeight:
     def traced(self, t: torch.Tensor) -> "CpuWeight":
         """The same kernels over ``t`` (a graph input standing for ``dense``), without copies."""
         return CpuWeight(t, self.kernels)
-
-    @property
-    def shape(self):
-        return self.dense.shape
-
-    @property
-    def nbytes(self) -> int:
-        """The weight's bytes (its kernels' copies not counted)."""
-        return self.dense.nbytes
 
     def __repr__(self):
         return f"CpuWeight({tuple(self.shape)}, kernels={self.kernels}, copies={sorted(self.copies)})"
