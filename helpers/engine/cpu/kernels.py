@@ -177,20 +177,11 @@ def time_matmuls(weights_by_case: dict[str, list[torch.Tensor]], repeats: int = 
 
 
 class CpuWeight(Linear):
-    """A :class:`~helpers.engine.model.Linear`: an f32 [out, in] weight on CPU, stored column-major (``dense``: shape unchanged, strides swapped), with the
-    kernel of each shape family it runs with (``kernels``: ``{"one_row", "rows", "prefill"} -> kernel``, fixed at
-    the build, so its numerics never change afterwards) and the copies those kernels read (``copies``: kind ->
-    tensor), which live and die with it.
-
-    transformers-neuronx stores its weights transposed too (``llama/model.py`` ``load_weights``:
-    ``q_proj.weight.detach().T``). :meth:`linear`:
-
-    - one row (batch-1 decode): split-k (:func:`split_k_linear`), "stream" (``helpers.engine.cpu.stream_kernel``),
-      oneDNN on its blocked copy ("packed") or MKL's GEMV (``F.linear``);
-    - a few rows (<= FEW_ROWS: speculative verification, batch decode) and prefill: "stream", "packed",
-      oneDNN's linear on the column-major weight (``mkldnn._linear_pointwise``, what torch.compile's CPU
-      backend emits) or MKL's GEMM.
-
+    """A :class:`~helpers.engine.model.Linear` for an f32 [out, in] weight on CPU: stored column-major (``dense``,
+    as transformers-neuronx stores its weights transposed), with the kernel of each shape family (``kernels``:
+    ``{"one_row", "rows", "prefill"} -> kernel``, fixed at the build, so its numerics never change) and the copies
+    those kernels read (``copies``: kind -> tensor), which live and die with it. :meth:`linear` runs the family's
+    kernel: split-k, "stream", oneDNN on its blocked copy ("packed"), oneDNN's linear or MKL (``F.linear``).
     Without the chosen kernel's copy (:meth:`traced`: a graph input while ``torch.export`` traces) it takes
     oneDNN's linear for several rows and ``F.linear`` for one.
     """
