@@ -55,7 +55,7 @@ def select_ops(tr: Transformer, quant=None, recorded: dict | None = None) -> Tra
 class CausalLM:
     """A causal LM built like a Neuron model, with eager graphs (use ``helpers.NeuronModel`` and its aliases).
     Differences from transformers-neuronx, on purpose: ``tp_degree`` defaults to 1 (there: 2); unknown keywords raise
-    (there: ignored); stopping criteria receive the ids generated so far (there: the prompt, transformers-neuronx#75)."""
+    (there: ignored); stopping criteria receive the ids generated so far (there: the prompt, tnx#75)."""
 
     cache_cls: type[KVCache] = KVCache  # seam: helpers.serving's per-row KV writes (SlotKVCache)
     ARGS = ("batch_size", "n_positions", "tp_degree", "amp", "context_length_estimate",
@@ -213,9 +213,8 @@ class CausalLM:
         return bk.nxdi_select(buckets, length, tag, self.nxdi_bucketing.allow_input_truncation)
 
     def _fit_prompt(self, input_ids, attention_mask=None):
-        """NxDI: a prompt longer than the largest context bucket raises "Input len N exceeds largest bucket
-        (B) ..." or, with allow_input_truncation, is cut to it with NxDI's warning. transformers-neuronx
-        instead encodes up to its largest context bucket and continues token by token (_encode_prompt)."""
+        """NxDI refuses a prompt longer than the largest context bucket or, with allow_input_truncation, cuts it
+        (its warning); transformers-neuronx encodes the rest token by token (:meth:`_encode_prompt`)."""
         L = input_ids.shape[1]
         if self.nxdi_bucketing is None or L <= self.context_buckets[-1]:
             return input_ids, attention_mask
@@ -248,8 +247,7 @@ class CausalLM:
         return self.step(input_ids, start, first, "token")
 
     def enable_speculative_decoder(self, speculation_length: int) -> None:
-        """Build a verification graph that scores ``speculation_length + 1`` tokens in one forward
-        (the last accepted token + k draft tokens). As on Neuron, call it before ``to_neuron()``."""
+        """Build a graph that scores the last accepted token + k drafts in one forward (before ``to_neuron()``)."""
         if self._is_built():
             raise RuntimeError("enable_speculative_decoder(k) must be called before to_neuron(): the "
                                "speculative graph is compiled with the others (transformers-neuronx: same rule)")
@@ -261,8 +259,7 @@ class CausalLM:
 
     @torch.inference_mode()
     def speculative_forward(self, input_ids, cache_ids, start_ids=None):
-        """Logits [B, T, vocab] for every position of ``input_ids`` [B, T] written at ``cache_ids``
-        (T = speculation_length + 1: one fixed-shape graph per token bucket)."""
+        """Logits [B, T, vocab] of every position of ``input_ids`` [B, T = k + 1] written at ``cache_ids``."""
         self.require_built()
         if not self.speculation_length:
             raise RuntimeError("call enable_speculative_decoder(k) before to_neuron() to build the speculative graph")

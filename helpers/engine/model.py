@@ -4,6 +4,7 @@ compiles per bucket. What runs between the matmuls is the model's ``ops`` (:clas
 from __future__ import annotations
 
 import copy
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -68,9 +69,15 @@ class Linear:
         return Linear(t)
 
 
+class KVHeads(NamedTuple):
+    """The KV head of each query head: as the C attention reads it (``per_query``, int32 [n_q]) and as torch's
+    attention gathers K/V (``gather``: a slice, no copy, where query heads share KV heads in order; else an index)."""
+    per_query: torch.Tensor
+    gather: slice | torch.Tensor
+
+
 class TorchOps:
-    """The ops of a step between its matmuls, in torch, one path each. The CPU speed layer
-    (``helpers.engine.cpu.ops``) hands an f32 model on CPU a subclass that runs them in C."""
+    """The ops between a step's matmuls, in torch, one path each (``helpers.engine.cpu.ops`` runs them in C)."""
     record = None  # what a saved model keeps of its ops (the speed layer's choice; None: nothing to check at load)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -85,12 +92,12 @@ class TorchOps:
         B, T, _ = q.shape
         return tuple(apply_rope(t.reshape(B, T, -1, head_dim), cos, sin_signed).reshape(B, T, -1) for t in (q, k))
 
-    def attention(self, q, k, v, mask, kv_group: torch.Tensor, head_dim: int) -> torch.Tensor:
-        """``softmax(q k^T / sqrt(d) where mask) v``: ``q`` [B, T, heads * d], ``k`` / ``v`` [B, kv_heads, S, d],
-        ``kv_group`` [heads] the KV head of each query head -> [B, T, heads * d]."""
+    def attention(self, q, k, v, mask, kv_heads: KVHeads, head_dim: int) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d) where mask) v: q [B, T, H * d], k / v [B, kv_heads, S, d] -> [B, T, H * d]."""
         B, T, _ = q.shape
         q = q.reshape(B, T, -1, head_dim).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q, k[:, kv_group], v[:, kv_group], attn_mask=mask)
+        k, v = k[:, kv_heads.gather], v[:, kv_heads.gather]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return o.transpose(1, 2).reshape(B, T, -1)
 
     def swiglu(self, gu: torch.Tensor) -> torch.Tensor:
@@ -111,7 +118,8 @@ class Transformer:
         self.dtype, self.device = dtype, device
         self.ops = TorchOps()
         group = w.kv_group if w.kv_group is not None else torch.arange(w.n_q) // max(1, w.n_q // w.n_kv)
-        self.kv_group = group.to(device=device, dtype=torch.int32)  # the KV head of each query head
+        self.kv_heads = KVHeads(group.to(device=device, dtype=torch.int32),
+                                slice(None) if w.kv_group is None else w.kv_group.to(device))
         inv_freq, scale = rope_inv_freq(args)
         pos = torch.arange(n_positions, dtype=torch.float)
         freqs = pos[:, None] * inv_freq[None, :]
@@ -147,18 +155,16 @@ class Transformer:
         return self.ops.rms_norm(x, weight, self.args.rms_norm_eps)
 
     def attention(self, q, k, v, kv: KVCache, cos, sin, slots, kv_len: int, attn_mask):
-        """RoPE (``cos``/``sin`` [B, T, 1, D], ``sin`` sign-folded, see ``apply_rope``), write K/V at ``slots`` of
-        the layer's cache ``kv`` (``kv.update``), attend over [0, kv_len) -> [B, T, n_q * head_dim] (GQA mapping of
-        this rank's layout). Seam: ``helpers.parallel`` exchanges rows and heads around it (SHARD_OVER_BATCH)."""
+        """RoPE (``cos`` / ``sin`` [B, T, 1, D], ``sin`` sign-folded), write K/V at ``slots`` of the layer's cache
+        ``kv``, attend over [0, kv_len) -> [B, T, n_q * D]. Seam: ``helpers.parallel`` exchanges rows and heads."""
         B, T, _ = q.shape
         D = self.args.head_dim
         q, k = self.ops.rope(q, k, cos, sin, D)
         k, v = kv.update(slots, *(t.reshape(B, T, -1, D).transpose(1, 2) for t in (k, v)), kv_len)
-        return self.ops.attention(q, k, v, attn_mask, self.kv_group, D)
+        return self.ops.attention(q, k, v, attn_mask, self.kv_heads, D)
 
     def attn_block(self, x, L: LayerWeights, kv: KVCache, cos, sin, slots, kv_len: int, attn_mask):
-        """One layer's attention from its input norm to o_proj, up to the all-reduce (one compiled graph
-        per bucket in helpers.artifacts)."""
+        """One layer's attention from its input norm to o_proj, up to the all-reduce (a graph in helpers.artifacts)."""
         h = self.norm(x, L.ln1)
         q, k, v = self.qkv(L, h)
         return L.wo.linear(self.attention(q, k, v, kv, cos, sin, slots, kv_len, attn_mask))

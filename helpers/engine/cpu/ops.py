@@ -41,10 +41,10 @@ class FusedOps(CpuOps):
             return q, k
         return super().rope(q, k, cos, sin_signed, head_dim)
 
-    def attention(self, q, k, v, mask, kv_group, head_dim):
+    def attention(self, q, k, v, mask, kv_heads, head_dim):
         if not fused_ops.tracing() and fused_ops.attention_fits(q, k, v, mask):
-            return fused_ops.attention(q, k, v, mask, kv_group, head_dim)
-        return super().attention(q, k, v, mask, kv_group, head_dim)
+            return fused_ops.attention(q, k, v, mask, kv_heads.per_query, head_dim)
+        return super().attention(q, k, v, mask, kv_heads, head_dim)
 
     def swiglu(self, gu):
         if fused_ops.tracing():
