@@ -32,7 +32,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import helpers  # noqa: E402
 from helpers.prompts import SPECULATION_TASKS, encode_prompts  # noqa: E402
-from helpers.engine.speculative import ModelDraft, PromptLookupDraft, expected_speedup, write_truncated_draft  # noqa: E402
+from helpers.engine.speculative import ModelDraft, PromptLookupDraft  # noqa: E402
+from helpers.model_store import write_truncated_draft  # noqa: E402
+from helpers.notebook.speculation import expected_speedup  # noqa: E402
 from helpers.notebook.speculation import sweep_k  # noqa: E402
 from helpers.notebook.timing import draft_cost_ratio, verify_costs  # noqa: E402
 

@@ -11,7 +11,7 @@ Roofline: a decode step must read every weight once (an untied embedding table i
 plus the KV cache it attends over, so steps/s <= bandwidth / those bytes. The bandwidth is the
 machine's, measured here with torch over buffers far larger than the caches: a copy (read + write
 bytes) and a read-only reduction, on 4 KB pages and on the huge pages the engine's weights live in
-(``helpers.engine.hugepages``, where Linux offers them); the roofline uses the fastest of these.
+(``helpers.engine.cpu.hugepages``, where Linux offers them); the roofline uses the fastest of these.
 
     python ci/benchmark.py                  # f32 + bf16, batch 1 and 8, 128 + 128 tokens, 5 repeats
     python ci/benchmark.py --compiled       # also the engine with NeuronConfig(compiled=True)
@@ -48,12 +48,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import helpers  # noqa: E402
-from helpers.engine import kernel_choice  # noqa: E402
-from helpers.engine import kernels as engine_kernels  # noqa: E402
-from helpers.engine import clib, fused_ops  # noqa: E402
-from helpers.engine import model as engine_model  # noqa: E402
-from helpers.engine.hugepages import Arena  # noqa: E402
-from helpers.engine.model import linear  # noqa: E402
+from helpers.engine.cpu import kernel_choice  # noqa: E402
+from helpers.engine.cpu import kernels as engine_kernels  # noqa: E402
+from helpers.engine.cpu import clib, fused_ops  # noqa: E402
+from helpers.engine.quant import QuantWeight  # noqa: E402
+from helpers.engine.model import Linear  # noqa: E402
+from helpers.engine.cpu.hugepages import Arena  # noqa: E402
 from helpers.notebook.timing import step_seconds  # noqa: E402
 from helpers.planning.dtypes import amp_dtype  # noqa: E402
 
@@ -78,7 +78,7 @@ def fmt(s: dict, scale: float = 1.0, digits: int = 1) -> str:
 # -- the machine ---------------------------------------------------------------------------------
 def memory_bandwidth(mib: int, repeats: int) -> dict:
     """GB/s of a tensor copy (read + write bytes, as STREAM counts) and of a read-only sum, on ordinary 4 KB pages
-    and, where Linux offers them, on the huge pages the engine keeps its weights in (``helpers.engine.hugepages``),
+    and, where Linux offers them, on the huge pages the engine keeps its weights in (``helpers.engine.cpu.hugepages``),
     the two kinds alternating. The roofline takes the faster memory."""
     n = mib * 2**20 // 4
     arena = Arena(2 * Arena.size_of((n,)))
@@ -109,8 +109,8 @@ def memory_bandwidth(mib: int, repeats: int) -> dict:
 def gemv_bandwidth(dtype: torch.dtype, repeats: int) -> dict:
     """GB/s of batch-1 matmuls over LM-head-sized weights: ``F.linear`` (MKL) in the checkpoint's
     [out, in] layout and column-major, and the reduction split over the threads on column-major
-    (``helpers.engine.kernels.split_k_linear``): how close each kernel gets to the bandwidth. The engine's
-    choice among its kernels (``helpers.engine.kernel_choice``) is printed at the end."""
+    (``helpers.engine.cpu.kernels.split_k_linear``): how close each kernel gets to the bandwidth. The engine's
+    choice among its kernels (``helpers.engine.cpu.kernel_choice``) is printed at the end."""
     ws = [torch.randn(49152, 576).to(dtype) for _ in range(4)]  # 4 x 113 MB (f32): no cache reuse
     x = torch.randn(1, 576).to(dtype)
     out = {}
@@ -216,7 +216,7 @@ def bench_config(amp: str, batch: int, a, tokenizer, bw: dict, device) -> dict:
                                                     neuron_config=helpers.NeuronConfig(compiled=compiled))
             m.to_neuron()
         engines[name] = {"model": m, "build_s": time.perf_counter() - t}
-        if name == "engine" and m.model.fused:
+        if name == "engine" and (m.model.ops.record or {}).get("ops") == "fused":
             variants.append(("engine_torch_ops", False, "torch"))
         runs[name] = (lambda m: lambda clock: m.sample(ids, P + N, top_k=1, eos_token_override=[],
                                                        streamer=clock))(m)
@@ -329,11 +329,13 @@ def profile_engine(m, ids, P: int, N: int, rows: int = 12) -> dict:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     steps = N - 1
-    m._require_built()
+    m.require_built()
 
-    def labelled(x, w, b=None):
-        with record_function(LINEAR_EVENT):
-            return linear(x, w, b)
+    def labelled(linear):
+        def run(w, x, b=None):
+            with record_function(LINEAR_EVENT):
+                return linear(w, x, b)
+        return run
 
     def labelled_op(name, fn):
         def run(*args):
@@ -341,9 +343,10 @@ def profile_engine(m, ids, P: int, N: int, rows: int = 12) -> dict:
                 return fn(*args)
         return run
 
-    # the model's linear and C ops, looked up in their modules at each call: labelled for this profile only
+    # every kind of matrix's linear and the C ops, looked up at each call: labelled for this profile only
     with contextlib.ExitStack() as patched:
-        patched.enter_context(mock.patch.object(engine_model, "linear", labelled))
+        for kind in (Linear, engine_kernels.CpuWeight, QuantWeight):
+            patched.enter_context(mock.patch.object(kind, "linear", labelled(kind.linear)))
         for name in FUSED_OPS:
             patched.enter_context(mock.patch.object(fused_ops, name, labelled_op(name, getattr(fused_ops, name))))
         with torch.inference_mode():
@@ -369,7 +372,7 @@ def matmul_pause_cost(m, batch: int, pause_us: float = 10.0, repeats: int = 5) -
     """A decode step's matmuls alone, as one pass over the rank's weights with the engine's linear:
     back to back, then with a busy-wait of ``pause_us`` between matmuls (as the other ops of a step
     sit between them). ``extra_us`` = what each pause costs beyond its own length."""
-    tr = m._require_built()
+    tr = m.require_built()
     weights = tr.w.matrices()
     xs = {k: torch.randn(batch, k, dtype=tr.dtype, device=tr.device) for k in {t.shape[1] for t in weights}}
 
@@ -378,7 +381,8 @@ def matmul_pause_cost(m, batch: int, pause_us: float = 10.0, repeats: int = 5) -
         while time.perf_counter() < end:
             pass
 
-    passes = lambda pause: engine_kernels.matmul_pass_seconds(linear, weights, xs, repeats, pause)  # noqa: E731
+    passes = lambda pause: engine_kernels.matmul_pass_seconds(lambda x, w: w.linear(x), weights, xs, repeats,  # noqa: E731
+                                                              pause)
     with torch.inference_mode():
         passes(None)  # warm-up
         plain, paused = passes(None), passes(busy)
@@ -553,7 +557,7 @@ def main(argv=None) -> int:
             kernels = kernel_choice.planned_kernels()
             forced = {case: engine_kernels.forced_kernel(case) for case in kernels}
             rec = None if all(forced.values()) else kernel_choice.machine_choice()
-            print("\nengine's f32 matmul kernels per shape family (helpers.engine.kernel_choice: timed once per machine, "
+            print("\nengine's f32 matmul kernels per shape family (helpers.engine.cpu.kernel_choice: timed once per machine, "
                   "ms per pass over synthetic SmolLM2-shaped weights):")
             for case, kernel in kernels.items():
                 label = {"one_row": "1 row", "rows": f"2-{engine_kernels.FEW_ROWS} rows",

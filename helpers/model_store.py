@@ -214,5 +214,23 @@ def load_hf_model(model_path=None, dtype=torch.float32):
     return model.eval()
 
 
+def write_truncated_draft(model_path, n_layers: int, dest) -> Path:
+    """A layer-truncated copy of a Llama/Mistral checkpoint (the first ``n_layers`` blocks, the
+    embeddings, final norm and LM head), written once to ``dest`` as a checkpoint directory."""
+    src, dest = resolve_model_path(model_path), Path(dest)
+    cfg = load_config(src)
+    if not 1 <= n_layers <= cfg["num_hidden_layers"]:
+        raise ValueError(f"n_layers={n_layers}: choose 1..{cfg['num_hidden_layers']}")
+    if (dest / "config.json").is_file() and json.loads((dest / "config.json").read_text()).get(
+            "num_hidden_layers") == n_layers:
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    state = {n: t.contiguous() for n, t in load_state_dict(src).items()
+             if not n.startswith("model.layers.") or int(n.split(".")[2]) < n_layers}
+    save_file(state, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    (dest / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": n_layers}, indent=2))
+    return dest
+
+
 if __name__ == "__main__":  # python -m helpers.model_store: prepare the embedded checkpoint
     print(resolve_model_path(None))

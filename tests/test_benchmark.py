@@ -34,7 +34,7 @@ def test_prints_every_figure_and_ratio(report):
                    "engine_prefill_over_hf", "goal (f32, a step over 8 rows", "goal (f32, engine prefill"):
         assert needle in text
     assert set(rep["machine"]["matmul_kernels"]) == {"one_row", "rows", "prefill"}
-    from helpers.engine.kernel_choice import cpu_info
+    from helpers.engine.cpu.kernel_choice import cpu_info
     cpu = cpu_info()  # the CPU and its ISA flags, as /proc/cpuinfo (or platform) has them
     assert rep["machine"]["cpu_model"] == cpu["model"] and rep["machine"]["isa_flags"] == cpu["isa"]
     assert f"machine: {cpu['model']}" in text and "ISA flags: " + " ".join(cpu["isa"]) in text
@@ -78,9 +78,9 @@ def test_step_table_and_prefill_ratio(report):
 
 @pytest.mark.slow
 def test_the_engine_with_torch_s_ops_is_timed_beside_the_c_ops(report):
-    """Where the C ops between the matmuls run (helpers.engine.fused_ops), an engine with torch's is timed in the same
+    """Where the C ops between the matmuls run (helpers.engine.cpu.fused_ops), an engine with torch's is timed in the same
     loop, and the profile labels each C op."""
-    from helpers.engine import fused_ops
+    from helpers.engine.cpu import fused_ops
     rep, text = report
     (r,) = rep["results"]
     if fused_ops.planned() != "fused":
@@ -133,7 +133,7 @@ def test_engine_is_greedy_identical_to_hf(report):
 
 
 def test_column_major_layout_keeps_values_and_shapes():
-    from helpers.engine.kernels import column_major
+    from helpers.engine.cpu.kernels import column_major
 
     w = torch.randn(96, 64)
     c = column_major(w)
@@ -150,8 +150,8 @@ def test_cpu_weight_linear_is_f_linear(threads, rows, bias, kernel):
     """The engine's f32 CPU weight (every one-row kernel; stream, the packed copy, oneDNN or MKL for several rows)
     computes F.linear, for every thread count, row count and bias; the model's linear runs a plain tensor (bf16,
     or any weight without kernels) by F.linear itself."""
-    from helpers.engine.kernels import CpuWeight, column_major, kernel_available
-    from helpers.engine.model import linear
+    from helpers.engine.cpu.kernels import CpuWeight, column_major, kernel_available
+    from helpers.engine.model import Linear
 
     if not kernel_available(kernel):
         pytest.skip(f"{kernel} is not available here")
@@ -168,11 +168,11 @@ def test_cpu_weight_linear_is_f_linear(threads, rows, bias, kernel):
         cw = CpuWeight.build(w, kernels)
         assert cw.dense.t().is_contiguous() and torch.equal(cw.dense, w)
         assert set(cw.copies) == ({kernel} if kernel in ("stream", "packed") else set())
-        got = linear(x, cw, b)
+        got = cw.linear(x, b)
         assert got.shape == want.shape and torch.allclose(got, want, atol=1e-4, rtol=1e-4)
-        assert torch.equal(linear(x, w, b), torch.nn.functional.linear(x, w, b))  # same threads
+        assert torch.equal(Linear(w).linear(x, b), torch.nn.functional.linear(x, w, b))  # same threads
         xb, wb = x.bfloat16(), column_major(w.bfloat16())
-        assert torch.equal(linear(xb, wb), torch.nn.functional.linear(xb, wb))
+        assert torch.equal(Linear(wb).linear(xb), torch.nn.functional.linear(xb, wb))
     finally:
         torch.set_num_threads(before)
 
@@ -181,7 +181,7 @@ def test_time_matmuls_times_every_candidate_of_each_family(monkeypatch):
     """time_matmuls times every available candidate of each family (one row, a few rows, prefill) on weights with
     their copies, and a CpuWeight runs any of them as F.linear; $NEURON_NB_GEMV / $NEURON_NB_GEMM /
     $NEURON_NB_PREFILL force a kernel ($NEURON_NB_GEMM prefill too) and an unknown one is refused by name."""
-    import helpers.engine.kernels as E
+    import helpers.engine.cpu.kernels as E
 
     for env in E.MATMUL_ENV.values():
         monkeypatch.delenv(env, raising=False)
@@ -213,19 +213,20 @@ def test_time_matmuls_times_every_candidate_of_each_family(monkeypatch):
 
 
 def test_cpu_weights_serve_the_f32_cpu_engine_only():
-    from helpers.engine.kernel_choice import planned_kernels
-    from helpers.engine.kernels import COPIES, CpuWeight
+    from helpers.engine.cpu.kernel_choice import planned_kernels
+    from helpers.engine.cpu.kernels import COPIES, CpuWeight
+    from helpers.engine.model import Linear
 
     m = helpers.NeuronModel(None, batch_size=1, n_positions=128).to_neuron()
     ws = m.model.w.matrices()
-    assert m.model.matmul_kernels == planned_kernels() and m.model.w.layers[0].w2.dense.t().is_contiguous()
-    assert all(isinstance(w, CpuWeight) and w.kernels == m.model.matmul_kernels for w in ws)
+    assert m.model.ops.kernels == planned_kernels() and m.model.w.layers[0].w2.dense.t().is_contiguous()
+    assert all(isinstance(w, CpuWeight) and w.kernels == m.model.ops.kernels for w in ws)
     assert m.model.w.tied and m.model.w.embed is m.model.w.lm_head.dense  # SmolLM2's tied head: one tensor still
     for kind in COPIES:  # a kernel's copies only where a family runs that kernel
         kept = [kind in w.copies for w in ws]
-        assert all(kept) if kind in m.model.matmul_kernels.values() else not any(kept)
+        assert all(kept) if kind in m.model.ops.kernels.values() else not any(kept)
     m16 = helpers.NeuronModel(None, batch_size=1, n_positions=128, amp="bf16").to_neuron()
-    assert m16.model.matmul_kernels is None and all(isinstance(w, torch.Tensor) for w in m16.model.w.matrices())
+    assert m16.model.ops.record is None and all(type(w) is Linear for w in m16.model.w.matrices())
 
 
 def test_a_weight_owns_its_copies():
@@ -234,7 +235,7 @@ def test_a_weight_owns_its_copies():
     import gc
     import weakref
 
-    import helpers.engine.kernels as E
+    import helpers.engine.cpu.kernels as E
 
     assert E.weight_copy(E.column_major(torch.randn(50, 32)), "stream") is None  # 50 columns: no 16-column blocks
     if not E.kernel_available("packed"):
@@ -253,8 +254,8 @@ def test_a_weight_owns_its_copies():
 
 def test_copies_follow_the_models_kernels(monkeypatch):
     """A model keeps only the copies its own kernels read ("stream", "packed") and records its kernels."""
-    import helpers.engine.kernels as E
-    from helpers.engine.kernel_choice import use_cpu_kernels
+    import helpers.engine.cpu.kernels as E
+    from helpers.engine.cpu.ops import use_cpu
 
     for env in E.MATMUL_ENV.values():
         monkeypatch.delenv(env, raising=False)
@@ -263,8 +264,8 @@ def test_copies_follow_the_models_kernels(monkeypatch):
                             ({"one_row": "stream", "rows": "packed", "prefill": "packed"}, {"packed", "stream"})):
         if not all(E.kernel_available(k) for k in kernels.values()):
             continue
-        tr = use_cpu_kernels(_tiny_transformer(), recorded=kernels)
-        assert tr.matmul_kernels == kernels
+        tr = use_cpu(_tiny_transformer(), recorded=kernels)
+        assert tr.ops.kernels == kernels
         assert not tr.w.tied and tr.w.embed.is_contiguous()  # the tiny model's own embedding: not relaid out
         for w in tr.w.matrices():
             assert w.kernels == kernels and set(w.copies) == copies, (kernels, w)

@@ -12,8 +12,8 @@ from helpers.notebook.backend import Backend, resolve_backend, run_reference_cel
 from helpers.engine.config import NeuronConfig
 from helpers.planning.dtypes import amp_dtype
 from helpers.prompts import encode_prompts
-from helpers.engine.stopping import RepeatedNgramCriteria, TrackedCriteria
-from helpers.engine.streaming import TokenRecorder
+from helpers.notebook.stopping import RepeatedNgramCriteria
+from helpers.neuron.tracking import TokenRecorder, TrackedCriteria
 from helpers.notebook.stopping import PromptOnlyCall, fires_at
 from helpers.notebook.streaming import TimingStreamer, latency_stats, streaming_overhead
 from tiny_models import write_tiny

@@ -1,4 +1,4 @@
-"""The C ops between a step's matmuls (helpers.engine.fused_ops): each agrees with torch's ops within f32 rounding,
+"""The C ops between a step's matmuls (helpers.engine.cpu.fused_ops): each agrees with torch's ops within f32 rounding,
 its bits depend neither on the thread count nor on the other rows of a batch, and a model runs them only where its
 build chose them ($NEURON_NB_OPS, recorded with a saved model: tests/test_kernel_choice.py)."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 import helpers
-from helpers.engine import clib
-from helpers.engine import fused_ops as O
-from helpers.engine.model import apply_rope, rms_norm
+from helpers.engine.cpu import clib
+from helpers.engine.cpu import fused_ops as O
+from helpers.engine.model import TorchOps, apply_rope
 from tiny_models import write_tiny
 
 needs_c = pytest.mark.skipif(clib.load() is None, reason=f"C library unavailable: {clib.unavailable_reason()}")
@@ -22,7 +22,7 @@ TOL = dict(atol=1e-5, rtol=1e-5)
 def test_rms_norm_and_swiglu_agree_with_torch(rows, n):
     torch.manual_seed(rows)
     x, w = torch.randn(rows, 1, n) * 3, torch.randn(n)
-    assert torch.allclose(O.rms_norm(x, w, 1e-5), rms_norm(x, w, 1e-5), **TOL)
+    assert torch.allclose(O.rms_norm(x, w, 1e-5), TorchOps().rms_norm(x, w, 1e-5), **TOL)
     gu = torch.randn(rows, 2 * n) * 4  # silu over a range where exp under- and overflows matter
     g, u = gu.chunk(2, dim=-1)
     assert torch.allclose(O.swiglu(gu), F.silu(g) * u, **TOL)
@@ -117,7 +117,7 @@ def _run(tiny, monkeypatch, ops):
 def test_a_model_with_the_fused_ops_matches_torch_s_and_reproduces_itself(tiny, monkeypatch):
     mt, out_t, logits_t = _run(tiny, monkeypatch, "torch")
     mf, out_f, logits_f = _run(tiny, monkeypatch, "fused")
-    assert not mt.model.fused and mf.model.fused and mf.model.kernels_record["ops"] == "fused"
+    assert mt.model.ops.record["ops"] == "torch" and mf.model.ops.record["ops"] == "fused"
     assert torch.equal(out_f, out_t) and torch.allclose(logits_f, logits_t, atol=1e-4, rtol=0)
     _, out_again, logits_again = _run(tiny, monkeypatch, "fused")  # another build: the same bits
     assert torch.equal(out_again, out_f) and torch.equal(logits_again, logits_f)
@@ -148,4 +148,4 @@ def test_forcing_the_fused_ops_on_a_model_they_cannot_run_is_refused(tmp_path, m
         helpers.NeuronModel.from_pretrained(str(tmp_path), n_positions=32).to_neuron()
     monkeypatch.delenv(O.ENV)
     m = helpers.NeuronModel.from_pretrained(str(tmp_path), n_positions=32).to_neuron()  # unforced: torch's ops
-    assert not m.model.fused and m.model.kernels_record["ops"] == "torch"
+    assert m.model.ops.record["ops"] == "torch"

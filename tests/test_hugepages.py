@@ -1,11 +1,11 @@
-"""helpers.engine.hugepages: one 2 MB-aligned allocation for a model's matrices, advised for huge pages where Linux
+"""helpers.engine.cpu.hugepages: one 2 MB-aligned allocation for a model's matrices, advised for huge pages where Linux
 offers them, that changes where the bytes live and nothing else."""
 import pytest
 import torch
 
-from helpers.engine import hugepages, kernel_choice
-from helpers.engine import kernels as K
-from helpers.engine.hugepages import ALIGN, HUGE_PAGE, Arena
+from helpers.engine.cpu import hugepages, kernel_choice
+from helpers.engine.cpu import kernels as K
+from helpers.engine.cpu.hugepages import ALIGN, HUGE_PAGE, Arena
 
 
 def test_views_are_aligned_in_order_and_refused_beyond_the_size():
@@ -54,7 +54,7 @@ def test_a_built_model_keeps_its_matrices_in_one_arena(tmp_path):
     from tiny_models import write_tiny
     write_tiny(tmp_path)
     m = helpers.NeuronModel.from_pretrained(str(tmp_path), n_positions=64).to_neuron()
-    tr = m._require_built()
+    tr = m.require_built()
     storages = {t.dense.untyped_storage().data_ptr() for t in tr.w.matrices()}
     assert len(storages) == 1
     assert kernel_choice.machine_key()["pages"] == hugepages.thp_mode()

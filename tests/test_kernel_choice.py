@@ -1,4 +1,4 @@
-"""The CPU matmul kernels are chosen once per machine kind and kept (helpers.engine.kernel_choice): builds in one
+"""The CPU matmul kernels are chosen once per machine kind and kept (helpers.engine.cpu.kernel_choice): builds in one
 process and in later processes run the same kernels and give bitwise the same f32 logits; a saved model records
 its kernels and loads with them, or refuses naming the one that cannot run here."""
 import json
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import helpers
-from helpers.engine import fused_ops
-from helpers.engine import kernel_choice as KC
-from helpers.engine import kernels as K
+from helpers.engine.cpu import fused_ops
+from helpers.engine.cpu import kernel_choice as KC
+from helpers.engine.cpu import kernels as K
 from helpers.engine.config import NeuronConfig
 from tiny_models import write_tiny
 
@@ -142,11 +142,11 @@ def test_the_first_writer_wins(fresh_cache):
 
 LOGITS = """
 import sys, torch, helpers
-from helpers.engine import fused_ops
-from helpers.engine import kernel_choice as KC
+from helpers.engine.cpu import fused_ops
+from helpers.engine.cpu import kernel_choice as KC
 KC.time_here = lambda repeats=3: {c: {"kernel": k, "ms": {k: 1.0}} for c, k in %r.items()}
 m = helpers.NeuronModel.from_pretrained(sys.argv[1], n_positions=64).to_neuron()
-torch.save((m.model.matmul_kernels, m.forward(torch.tensor([[1, 9, 17, 33, 40]]))), sys.argv[2])
+torch.save((m.model.ops.kernels, m.forward(torch.tensor([[1, 9, 17, 33, 40]]))), sys.argv[2])
 """
 
 
@@ -156,7 +156,7 @@ def test_builds_give_bitwise_equal_logits_in_one_process_and_across_processes(fr
     ids = torch.tensor([[1, 9, 17, 33, 40]])
     m1 = helpers.NeuronModel.from_pretrained(tiny, n_positions=64).to_neuron()
     m2 = helpers.NeuronModel.from_pretrained(tiny, n_positions=64).to_neuron()
-    assert m1.model.matmul_kernels == m2.model.matmul_kernels == KC.planned_kernels()
+    assert m1.model.ops.kernels == m2.model.ops.kernels == KC.planned_kernels()
     assert torch.equal(m1.forward(ids), m2.forward(ids))
     env = dict(os.environ, NEURON_NB_CACHE=str(tmp_path / "other-cache"), PYTHONPATH=str(ROOT))
     runs = []
@@ -188,12 +188,12 @@ def test_a_saved_model_loads_with_its_kernels(saved, tiny, monkeypatch):
     """The manifest records the kernels the model ran; a machine whose own choice differs loads it with the
     recorded ones, and reproduces its tokens and logits bit for bit."""
     d, m = saved
-    assert m.model.matmul_kernels == A and m.model.fused == (fused_ops.planned() == "fused")
+    assert m.model.ops.record == dict(A, ops=fused_ops.planned())
     assert json.loads((d / "graphs-rank0.json").read_text())["matmul_kernels"] == dict(A, ops=fused_ops.planned())
     monkeypatch.setattr(KC, "_chosen", {k: dict(v, kernels=B) for k, v in KC._chosen.items()})  # "another machine"
     assert KC.planned_kernels() == B
     loaded = helpers.NeuronModel.from_pretrained(tiny, n_positions=64).load(d).to_neuron()
-    assert loaded.model.matmul_kernels == A and all(w.kernels == A for w in loaded.model.w.matrices())
+    assert loaded.model.ops.kernels == A and all(w.kernels == A for w in loaded.model.w.matrices())
     (o1, l1), (o2, l2) = _sample(m), _sample(loaded)
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
 
@@ -228,10 +228,10 @@ def test_the_ops_a_record_names_and_an_older_record_without_them():
 
 def test_the_key_follows_the_matmul_kernel_source_only():
     """The "stream" kernel's C source is part of the key (a new kernel is timed again); the C ops between the matmuls
-    (helpers.engine.fused_ops) are not, so changing them does not time the matmul kernels again."""
+    (helpers.engine.cpu.fused_ops) are not, so changing them does not time the matmul kernels again."""
     import hashlib
 
-    from helpers.engine import clib
+    from helpers.engine.cpu import clib
     stream_c = next(s for s in clib.SOURCES if s.name == "stream_linear.c")
     assert KC.machine_key()["stream_source"] == hashlib.sha256(stream_c.read_bytes()).hexdigest()[:16]
     assert clib.source_digest("stream_linear.c") != clib.source_digest()

@@ -128,13 +128,15 @@ def test_load_round_trip_skips_compilation(saved, built, tiny):
         assert torch.equal(out2, out) and torch.equal(logits2, logits)
 
 
-def test_nxdi_compile_then_from_compiled_starts_the_ranks(built, tmp_path):
+def test_nxdi_compile_then_parallel_from_compiled_starts_the_ranks(built, tmp_path):
     out, _ = built[1]
     built[0].compile(tmp_path / "nxdi", save_sharded_checkpoint=True)
     assert not json.loads((tmp_path / "nxdi" / "config.json").read_text())["is_presharded_checkpoint"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the KV replication fallback warning
-        m = helpers.NeuronModel.from_compiled(tmp_path / "nxdi")  # tp_degree=2 recorded: a ParallelModel
+        with pytest.raises(ValueError, match="helpers.parallel.ParallelModel"):
+            helpers.NeuronModel.from_compiled(tmp_path / "nxdi")  # tp_degree=2 recorded: the parallel class only
+        m = ParallelModel.from_compiled(tmp_path / "nxdi")
     with m:
         assert isinstance(m, ParallelModel) and m.tp_degree == 2 and m.presharded
         assert all(r["loaded"] for r in m.build_report)

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 import helpers
-from helpers.engine.model import linear
 from helpers.engine.quant import (QuantizationConfig, quantize_tensor, quantized_weight_bytes,
                            save_quantized_state_dict)
 from tiny_models import write_tiny
@@ -29,7 +28,7 @@ def test_int8_weight_linear_matches_dense_product():
     q, s = quantize_tensor(w, cfg)
     qw = QuantWeight(q, s, torch.float32)
     x = torch.randn(3, 16)
-    assert torch.allclose(linear(x, qw), x @ qw.dequantize().T, atol=1e-4)  # the model's linear runs its own kernel
+    assert torch.allclose(qw.linear(x), x @ qw.dequantize().T, atol=1e-4)  # the weight runs its own kernel
 
 
 def test_refusals(tmp_path):
@@ -98,7 +97,7 @@ def test_neuron_quant_settings_refuse_other_modes(stack, method, tmp_path):
 
 def test_eight_bit_formats_precision_order_and_exact_values():
     """int8 (per-channel) < e4m3 < e5m2 in rounding error on Gaussian weights; representable values survive."""
-    from helpers.engine.quant import fake_quantize
+    from helpers.notebook.quant_formats import fake_quantize
 
     w = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
     err = {f: float((w - fake_quantize(w, f)).norm() / w.norm()) for f in ("int8", "f8e4m3", "f8e5m2")}
@@ -110,7 +109,7 @@ def test_eight_bit_formats_precision_order_and_exact_values():
 
 
 def test_rounding_errors_over_a_checkpoint(tmp_path):
-    from helpers.engine.quant import rounding_errors
+    from helpers.notebook.quant_formats import rounding_errors
     from tiny_models import write_tiny
 
     write_tiny(tmp_path / "tiny")

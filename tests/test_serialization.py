@@ -35,7 +35,7 @@ def _export_model(**nc):
 @pytest.fixture(scope="module", autouse=True)
 def library_kernels():
     """Exported graphs trace ATen ops; the eager engine's default "stream" kernel and its C ops between the matmuls
-    (helpers.engine.fused_ops) are not. With the kernels the graphs traced forced on the eager side too (one row MKL,
+    (helpers.engine.cpu.fused_ops) are not. With the kernels the graphs traced forced on the eager side too (one row MKL,
     several rows oneDNN, torch's ops), graphs and eager engine run the same ops and must agree bit for bit (and the
     LM head and final norm, eager in both, run the same kernels)."""
     with pytest.MonkeyPatch.context() as mp:

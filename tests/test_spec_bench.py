@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import helpers
-from helpers.engine.speculative import ModelDraft, PromptLookupDraft, SpeculativeGenerator, write_truncated_draft
+from helpers.engine.speculative import ModelDraft, PromptLookupDraft, SpeculativeGenerator
+from helpers.model_store import write_truncated_draft
 from helpers.notebook import speculation
 from tiny_models import write_tiny
 

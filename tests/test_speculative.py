@@ -5,9 +5,11 @@ import pytest
 import torch
 
 import helpers
-from helpers.engine.speculative import (ModelDraft, PromptLookupDraft, SpeculativeGenerator, accept_always_broken,
-                                 accept_greedy, accept_rejection, expected_tokens_per_round, write_truncated_draft)
-from helpers.notebook.speculation import first_emitted_distribution, tv_bound, tv_distance, two_sample_tv_bound
+from helpers.engine.speculative import (ModelDraft, PromptLookupDraft, SpeculativeGenerator, accept_greedy,
+                                        accept_rejection)
+from helpers.model_store import write_truncated_draft
+from helpers.notebook.speculation import (accept_always_broken, expected_tokens_per_round, first_emitted_distribution,
+                                          tv_bound, tv_distance, two_sample_tv_bound)
 from tiny_models import write_tiny
 
 V, K, N = 6, 3, 20000
@@ -183,8 +185,6 @@ def test_sampler_sweep_k_through_sample_only(tmp_path):
 def test_neuron_prompt_lookup_draft_follows_the_library_protocol():
     """transformers-neuronx's SpeculativeGenerator calls: the prompt (cache_ids None), then the target's newest
     token at its position; after a round with every draft kept, the last draft once more at its position."""
-    from helpers.engine.speculative import NeuronPromptLookupDraft
-
     prompt = torch.tensor([[5, 6, 7, 8, 5, 6]])
     d = NeuronPromptLookupDraft(vocab_size=16, ngram=2)
     tok, scores = d(prompt, 4)
@@ -201,3 +201,41 @@ def test_neuron_prompt_lookup_draft_follows_the_library_protocol():
     assert d.seq[10:] == ids[0].tolist() + [3]
     with pytest.raises(ValueError, match="position 30"):
         d(torch.tensor([[3]]), 3, torch.tensor([30]))
+
+
+class NeuronPromptLookupDraft:
+    """Prompt lookup as a transformers-neuronx draft provider, so the library's ``SpeculativeGenerator(draft,
+    target, k)`` drafts by n-gram lookup, with no draft model (batch 1).
+
+    transformers-neuronx 0.13 (``speculation.py``) accepts any ``DraftProvider``: ``__call__(input_ids, k,
+    cache_ids, start_ids) -> (tokens, scores)``, first with the prompt (context encoding, ``cache_ids`` None),
+    then with the target's newest token and its position, asking for ``k`` drafts (``[1, k]`` tokens and
+    ``[k, 1, vocab]`` scores, here one-hot). It never says which drafts were accepted; the new token's
+    position does: the drafts before it are the accepted ones, so the sequence is rebuilt from the previous
+    proposal. (NxD Inference 0.8 has no such hook: its ``generate(prompt_lookup_num_tokens=...)`` fails,
+    see notebook 05.)"""
+
+    def __init__(self, vocab_size: int, ngram: int = 3):
+        self.lookup, self.vocab_size = PromptLookupDraft(ngram), int(vocab_size)
+        self.seq: list[int] = []      # tokens at positions 0 .. len-1, all accepted
+        self.pending: list[int] = []  # the last proposal, at positions len(seq) ..
+
+    def __call__(self, input_ids: torch.Tensor, k: int, cache_ids=None, start_ids=None):
+        if input_ids.shape[0] != 1:
+            raise ValueError("prompt lookup drafts for batch 1 (speculative sampling runs at batch_size=1)")
+        pos = 0 if cache_ids is None else int(torch.as_tensor(cache_ids).reshape(-1)[0])
+        if pos == 0:  # context encoding: the prompt
+            self.seq, self.pending = input_ids[0].tolist(), []
+        else:  # the token at ``pos``: the drafts before it were accepted
+            seq = self.seq + self.pending[:pos - len(self.seq)]
+            if len(seq) != pos:
+                raise ValueError(f"token at position {pos}, but the provider holds {len(seq)} tokens")
+            self.seq = seq + input_ids[0].tolist()
+        n = 1 if pos == 0 else int(k)
+        drafts, _ = self.lookup.propose(torch.tensor(self.seq), n)
+        self.pending = drafts.tolist()
+        scores = torch.full((n, 1, self.vocab_size), float("-inf"))
+        scores[torch.arange(n), 0, drafts] = 0.0  # one-hot: q(draft) = 1
+        if pos == 0:  # DraftModelForSpeculation's context shapes: [1, 1] token, [1, vocab] scores
+            return drafts[None, :1], scores[0]
+        return drafts[None], scores

@@ -1,4 +1,4 @@
-"""The "stream" kernel (helpers.engine.stream_kernel): it computes F.linear for any row count, thread count, bias and
+"""The "stream" kernel (helpers.engine.cpu.stream_kernel): it computes F.linear for any row count, thread count, bias and
 input shape; it is built once into the cache; where it cannot be built, it says why and the engine's kernel
 choice leaves it out."""
 import os
@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.engine import kernels as E
-from helpers.engine import clib, stream_kernel
+from helpers.engine.cpu import kernels as E
+from helpers.engine.cpu import clib, stream_kernel
 
 needs_stream = pytest.mark.skipif(clib.load() is None, reason=f"stream kernel unavailable: {clib.unavailable_reason()}")
 

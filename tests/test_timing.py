@@ -21,8 +21,8 @@ def test_step_seconds_runs_each_case_alternately(models, monkeypatch):
     spec, batch2 = models
     calls = []
     for m in models:
-        real = m._step
-        monkeypatch.setattr(m, "_step", lambda ids, start, pos, kind, real=real, m=m: calls.append(
+        real = m.step
+        monkeypatch.setattr(m, "step", lambda ids, start, pos, kind, real=real, m=m: calls.append(
             (m.batch_size, tuple(ids.shape), pos, kind)) or real(ids, start, pos, kind))
     t = timing.step_seconds({"one": (spec, 1), "verify 4": (spec, 4), "batch 2": (batch2, 1)}, position=20, repeats=2)
     assert calls[:3] == [(1, (1, 1), 20, "token"), (1, (1, 4), 20, "speculative"), (2, (2, 1), 20, "token")]
@@ -36,12 +36,12 @@ def test_verify_costs_and_draft_cost_are_ratios_of_one_measurement(models, monke
     fake = {1: 0.010, 2: 0.012, 4: 0.016}  # seconds per step by tokens: a deterministic clock
     clock = {"t": 0.0}
     monkeypatch.setattr(timing.time, "perf_counter", lambda: clock["t"])
-    real = spec._step
+    real = spec.step
 
     def step(ids, start, pos, kind):
         clock["t"] += fake[ids.shape[1]]
         return real(ids, start, pos, kind)
-    monkeypatch.setattr(spec, "_step", step)
+    monkeypatch.setattr(spec, "step", step)
     assert timing.verify_costs(spec, [1, 3], position=10, repeats=3) == pytest.approx({1: 1.2, 3: 1.6})
 
 

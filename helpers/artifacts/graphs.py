@@ -20,7 +20,7 @@ Artifacts (``NeuronConfig(compiled=...)``):
 - ``"export"``: ``torch.export`` programs saved with ``torch.export.save`` (``.pt2``): the ATen ops the
   eager engine runs with library kernels and torch's ops (bitwise identical to it with ``$NEURON_NB_GEMV=mkl``,
   ``$NEURON_NB_GEMM=onednn`` and ``$NEURON_NB_OPS=torch``); the default eager engine's "stream" kernel and C ops
-  between the matmuls (``helpers.engine.fused_ops``) are no ATen ops, so against it the outputs agree within f32
+  between the matmuls (``helpers.engine.cpu.fused_ops``) are no ATen ops, so against it the outputs agree within f32
   rounding.
 - ``"aoti"``: each exported program compiled by AOTInductor into a C++ shared library inside a
   ``.pt2`` package (``torch._inductor.aoti_compile_and_package``): real ahead-of-time machine code,
@@ -41,14 +41,12 @@ import time
 
 import torch
 
+from ..engine.config import ARTIFACTS
 from ..engine.generation import graph_kinds
-from ..engine.kernels import CpuWeight
 from ..engine.kv_cache import KVCache
-from ..engine.model import Transformer, build_mask
+from ..engine.model import Linear, Transformer, build_mask
 from ..engine.weights import LayerWeights, stored
 
-ARTIFACTS = ("export", "aoti")
-KINDS = ("context", "token")
 
 
 class ArtifactMismatchError(ValueError):
@@ -73,12 +71,12 @@ def layer_tensors(L: LayerWeights, names: list[str]) -> list[torch.Tensor]:
 
 
 def layer_view(template: LayerWeights, names: list[str], tensors, plain: bool = False) -> LayerWeights:
-    """``template`` over ``tensors`` (a graph's inputs): a :class:`CpuWeight` keeps its kernels (without copies),
-    or, ``plain``, becomes the tensor (``F.linear``)."""
+    """``template`` over ``tensors`` (a graph's inputs): a matrix keeps its kind (a ``CpuWeight`` its kernels,
+    without copies), or, ``plain``, runs ``F.linear`` (:class:`Linear`)."""
     L = copy.copy(template)
     for n, t in zip(names, tensors):
         old = getattr(template, n)
-        setattr(L, n, old.traced(t) if isinstance(old, CpuWeight) and not plain else t)
+        setattr(L, n, t if torch.is_tensor(old) else Linear(t) if plain else old.traced(t))
     return L
 
 
@@ -215,7 +213,7 @@ def check_unit(tr: Transformer, unit: Unit, batch: int, how: str) -> None:
 
 
 class BucketGraph:
-    """The graphs of one (kind, bucket), called like ``Transformer.forward`` (the engine's ``_step``)."""
+    """The graphs of one (kind, bucket), called like ``Transformer.forward`` (the engine's ``step``)."""
 
     def __init__(self, tr: Transformer, kind: str, bucket: int, batch: int, attn: Unit, mlp: Unit):
         self.tr, self.kind, self.bucket, self.batch, self.attn, self.mlp = tr, kind, bucket, batch, attn, mlp

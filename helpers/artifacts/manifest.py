@@ -8,7 +8,7 @@ or a file whose sha256 changed, naming what differs; it never recompiles behind 
 The manifest also records the CPU matmul kernels the rank ran with (``matmul_kernels``, outside the
 fingerprint: they decide the last bits of the logits the graphs compute with, not the graphs' code). A
 load builds the rank with those kernels again, so it reproduces the saved model bit for bit, or refuses
-naming a kernel that cannot run here (``helpers.engine.kernel_choice.check_recorded``).
+naming a kernel that cannot run here (``helpers.engine.cpu.kernel_choice.check_recorded``).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..engine.kernel_choice import check_recorded
+from ..engine.cpu.kernel_choice import check_recorded
 from ..engine.model import Transformer
 from .graphs import (ARTIFACTS, ArtifactMismatchError, CorruptArtifactError, Unit, bucket_graphs, check_unit,
                      kinds_of, unit_specs, units_of)

@@ -19,34 +19,10 @@ LOAD_AFTER_BUILD = ("load() must come before to_neuron() (as in transformers-neu
 
 
 class NeuronModel(CausalLM):
-    """A causal LM built like a Neuron model. Prefer the aliases ``LlamaForSampling`` /
-    ``MistralForSampling`` / ``NeuronAutoModelForCausalLM`` and their ``from_pretrained``.
-
-    Differences from transformers-neuronx, on purpose: ``tp_degree`` defaults to 1 (there: 2);
-    unknown keywords raise (there: silently ignored); stopping criteria receive the ids generated
-    so far (there: the prompt, aws-neuron/transformers-neuronx#75).
-
-    ``tp_degree > 1`` runs in ``helpers.parallel.ParallelModel``, which declares itself the tensor-parallel
-    class (``class ParallelModel(NeuronModel, tensor_parallel=True)``): ``from_compiled`` of a directory
-    compiled with several ranks returns one (:meth:`class_for`).
+    """``CausalLM`` (its differences from transformers-neuronx included) with graphs compiled ahead of time and
+    saved. Prefer the aliases ``LlamaForSampling`` / ``MistralForSampling`` / ``NeuronAutoModelForCausalLM``.
+    ``tp_degree > 1`` runs in ``helpers.parallel.ParallelModel`` (one process per rank, the same API).
     """
-
-    _tensor_parallel: type | None = None
-
-    def __init_subclass__(cls, tensor_parallel: bool = False, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if tensor_parallel:
-            NeuronModel._tensor_parallel = cls
-
-    @classmethod
-    def class_for(cls, tp_degree: int) -> type:
-        """This class, or for ``tp_degree > 1`` the tensor-parallel one."""
-        tp = NeuronModel._tensor_parallel
-        if tp_degree <= 1 or (tp is not None and issubclass(cls, tp)):
-            return cls
-        if tp is None:
-            raise RuntimeError(f"tp_degree={tp_degree} runs in helpers.parallel.ParallelModel: import helpers.parallel")
-        return tp
 
     def __init__(self, model_path=None, **kwargs):
         super().__init__(model_path, **kwargs)

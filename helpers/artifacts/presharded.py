@@ -12,13 +12,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..engine.weights import LayerWeights, RankWeights, stored
+from ..engine.weights import LayerWeights, RankShard, RankWeights, stored
+from ..planning.gqa import HeadLayout
 from .graphs import ArtifactMismatchError, layer_tensor_names, layer_tensors
 from .manifest import describe_differences
 
 
 def rank_weight_tensors(w: RankWeights) -> dict[str, torch.Tensor]:
-    """Every tensor of one rank's weights by a stable name (``layers.3.wqkv``, ``extra.scale``...)."""
+    """Every tensor of one rank's weights by a stable name (``layers.3.wqkv``, ``extra.qkv_cols``...)."""
     out = {}
     for f in dataclasses.fields(w):
         v = getattr(w, f.name)
@@ -26,8 +27,9 @@ def rank_weight_tensors(w: RankWeights) -> dict[str, torch.Tensor]:
             for i, L in enumerate(v):
                 names = layer_tensor_names(L)
                 out.update({f"layers.{i}.{n}": t for n, t in zip(names, layer_tensors(L, names))})
-        elif f.name == "extra":
-            out.update({f"extra.{k}": t for k, t in v.items() if torch.is_tensor(t)})
+        elif f.name == "shard":
+            if v is not None:  # the layout and rank are settings (checked by the metadata), the QKV split a tensor
+                out["extra.qkv_cols"] = torch.tensor(v.qkv_cols)
         elif torch.is_tensor(stored(v)):
             out[f.name] = stored(v)
     return out
@@ -51,9 +53,6 @@ def weights_file(directory, rank: int) -> Path:
 
 
 def save_rank_weights(directory, w: RankWeights, meta: dict, rank: int) -> Path:
-    if any(not torch.is_tensor(v) for v in w.extra.values()):
-        raise ValueError("These weights carry non-tensor extras that safetensors cannot hold: save them "
-                         "without sharded_weights=True.")
     unique, aliases = dedupe(rank_weight_tensors(w))
     info = {**meta, "n_q": w.n_q, "n_kv": w.n_kv, "vocab_size": w.vocab_size, "n_layers": len(w.layers),
             "aliases": aliases}
@@ -80,8 +79,9 @@ def check_rank_weights(directory, rank: int, meta: dict) -> dict:
     return info
 
 
-def load_rank_weights(directory, rank: int, meta: dict) -> RankWeights:
-    """One rank's weights exactly as saved (no fusing, casting or sharding); refuses another layout."""
+def load_rank_weights(directory, rank: int, meta: dict, layout: HeadLayout | None = None) -> RankWeights:
+    """One rank's weights exactly as saved (no fusing, casting or sharding), in ``layout`` if given (a
+    tensor-parallel rank's); refuses another layout."""
     info = check_rank_weights(directory, rank, meta)
     with safe_open(str(weights_file(directory, rank)), framework="pt") as f:
         named = {k: f.get_tensor(k) for k in f.keys()}
@@ -94,7 +94,8 @@ def load_rank_weights(directory, rank: int, meta: dict) -> RankWeights:
         for n, t in mine.items():  # tensors a feature attached to the layer
             setattr(L, n, t)
         layers.append(L)
-    extra = {k[len("extra."):]: t for k, t in named.items() if k.startswith("extra.")}
+    cols = named.get("extra.qkv_cols")
+    shard = None if layout is None or cols is None else RankShard(layout, rank, tuple(int(c) for c in cols.tolist()))
     return RankWeights(embed=named["embed"], norm=named["norm"], lm_head=named["lm_head"], layers=layers,
                        n_q=info["n_q"], n_kv=info["n_kv"], vocab_size=info["vocab_size"],
-                       kv_group=named.get("kv_group"), extra=extra)
+                       kv_group=named.get("kv_group"), shard=shard)

@@ -98,10 +98,10 @@ def write_settings(model, directory, sharded_weights: bool, mark_presharded: boo
 def save(model, directory, sharded_weights: bool = False, mark_presharded: bool = True) -> dict:
     """Write this rank's graphs (+ its presharded weights); returns {"directory", "graphs", "bytes"}."""
     check_save(model, sharded_weights, mark_presharded)
-    tr = model._require_built()
+    tr = model.require_built()
     rank = tr.comm.rank
     saved = save_rank(directory, model.graphs, graph_fields(model), model.build_report,
-                      tr.w if sharded_weights else None, weights_meta(model, rank), tr.kernels_record)
+                      tr.w if sharded_weights else None, weights_meta(model, rank), tr.ops.record)
     if rank == 0:
         write_settings(model, directory, sharded_weights, mark_presharded)
     return {"directory": str(Path(directory)), **saved}
@@ -152,9 +152,7 @@ def compile_to(model, compiled_model_path, save_sharded_checkpoint: bool = False
 def from_compiled(cls, compiled_model_path, model_path=None, device: str = "cpu"):
     """NxD Inference ``load(path)``: the settings from ``neuron_config.json``, the presharded weights if
     saved (else ``model_path`` or the recorded checkpoint), the saved graphs; no compilation. A directory
-    compiled with tp_degree > 1 loads into ``cls.class_for(tp_degree)``, the tensor-parallel class
-    (``helpers.parallel.ParallelModel``: one process per rank), as NxD Inference's ``load`` starts its ranks
-    itself."""
+    compiled with tp_degree > 1 loads into ``helpers.parallel.ParallelModel`` only (``cls`` is chosen by the caller)."""
     d = Path(compiled_model_path)
     if not (d / "neuron_config.json").is_file():
         raise FileNotFoundError(f"{d}/neuron_config.json is missing: not a directory written by compile()")
@@ -164,7 +162,6 @@ def from_compiled(cls, compiled_model_path, model_path=None, device: str = "cpu"
                          "from_pretrained(..., neuron_config=...) and call load(path)")
     nx = s.pop("nxdi_bucketing")
     recorded = s.pop("model_path")
-    cls = cls.class_for(int(s.get("tp_degree", 1)))
     presharded = weights_file(d, 0).is_file() and (d / "config.json").is_file()
     path = d if presharded else (model_path or recorded)
     m = cls.from_pretrained(path, neuron_config=NeuronConfig(**s.pop("neuron_config")), device=device,

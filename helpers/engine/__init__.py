@@ -4,15 +4,10 @@ Layer: above ``helpers.planning`` and ``helpers.model_store``; imports nothing a
 
 - ``config``: the architecture (``ModelArgs``) and the compile-time settings (``NeuronConfig``)
 - ``weights``: one rank's weights: fused, cast, sharded over tp as the GQA layout says
-- ``model``: ``Transformer``, one rank's forward over a fixed-shape KV cache
-- ``kernels``: CPU matmul kernels for f32 steps, timed and chosen by an explicit call
-- ``stream_kernel``: the "stream" matmul kernel (``csrc/stream_linear.c``, built at run time): a few rows at the cost of one
+- ``kv_cache``, ``model``: the fixed-shape KV cache; ``Transformer``, one rank's forward, and ``TorchOps``
+- ``cpu``: the CPU speed layer (kernels and their choice, C ops, huge pages), the model's ops for f32 on CPU
 - ``quant``: int8 / fp8 weight storage
-- ``sampling``, ``streaming``, ``stopping``: token selection and the defaults of ``sample()``; the streamer and
-  stopping-criteria contracts (one token recorder, the transformers-neuronx #75 workaround)
-- ``generation``: ``CausalLM``: buckets, one graph per bucket, ``forward``, ``sample``
-- ``speculative``: draft + target with k-token verification, and its analytic model
-
-What the notebooks measure with it (step times, streaming latency, criteria runs, speculation sweeps and
-distribution checks) is on the notebook floor, ``helpers.notebook``.
+- ``sampling``: token selection and the defaults of ``sample()``
+- ``generation``: ``CausalLM``: buckets, one graph per bucket, ``forward``, ``generate``, ``sample``
+- ``speculative``: draft + target with k-token verification
 """

@@ -1,12 +1,6 @@
-"""Configuration of the reference engine: the model's architecture (from a Hugging Face
-``config.json``) and the compile-time settings (transformers-neuronx's names).
-
-Unknown keywords are refused here with the closest valid name. The Neuron libraries are
-more lenient: transformers-neuronx's ``LlamaForSampling`` swallows unknown keywords
-(``llama/model.py``: ``**kwargs`` is never forwarded) and NxD Inference's ``NeuronConfig``
-only logs "NeuronConfig init: Unexpected keyword arguments" (``models/config.py``), so a
-typo there silently runs with the default.
-"""
+"""The model's architecture (``ModelArgs``, from a Hugging Face ``config.json``) and the compile-time settings
+(``NeuronConfig``, transformers-neuronx's names). Unknown keywords are refused with the closest valid name (the
+Neuron libraries ignore or only log them, so a typo there runs with the default)."""
 from __future__ import annotations
 
 import difflib
@@ -14,6 +8,8 @@ from dataclasses import dataclass, field, fields
 
 from ..planning.gqa import GQA, as_strategy
 from .sampling import eos_list
+
+ARTIFACTS = ("export", "aoti")  # NeuronConfig(compiled=...): graphs built ahead of time (helpers.artifacts)
 
 
 def reject_unknown(kwargs, known, where: str, why: str | None = None) -> None:
@@ -109,7 +105,7 @@ class NeuronConfig:
                 raise ValueError(f"group_query_attention={self.group_query_attention!r}: use a GQA member "
                                  f"({', '.join(g.name for g in GQA)}), helpers.planning.gqa.NxDIGQA "
                                  "(CONVERT_TO_MHA, REPLICATE_TO_TP_DEGREE) or its value") from None
-        if self.compiled not in (False, True, "export", "aoti"):
+        if self.compiled not in (False, True, *ARTIFACTS):
             raise ValueError(f"compiled={self.compiled!r}: use False (eager), 'export' (or True: torch.export "
                              "graphs per bucket) or 'aoti' (AOTInductor packages per bucket)")
         if self.padding_side != "left":

@@ -1,13 +1,7 @@
-"""The reference engine: a Neuron-compiled causal LM, mirrored in plain PyTorch.
-
-It keeps the Neuron programming model: the model is built for a fixed ``batch_size`` and
-``n_positions``; the KV cache is preallocated once in ``to_neuron()``; a prompt runs
-through a context-encoding graph padded to a context bucket, and every new token through a
-token-generation graph that attends over a token bucket of KV positions. Call shapes are
-transformers-neuronx's (``from_pretrained``, ``to_neuron``, ``sample``, ``forward``).
-
-``CausalLM`` owns the model (``helpers.engine.model.Transformer``), the buckets, one graph per
-(kind, bucket) and the sampling loop; its graphs here are the eager forward. ``helpers.NeuronModel``
+"""``CausalLM``: the Neuron programming model in plain PyTorch, with transformers-neuronx's call shapes
+(``from_pretrained``, ``to_neuron``, ``sample``, ``forward``). Built for a fixed ``batch_size`` and
+``n_positions``; a prompt runs through a context graph padded to its bucket, each new token through a token graph
+over a bucket of KV positions. Here the graphs are the eager forward; ``helpers.NeuronModel``
 (``helpers.artifacts``) adds graphs compiled ahead of time and their persistence.
 """
 from __future__ import annotations
@@ -22,14 +16,13 @@ from ..model_store import load_config, load_state_dict, resolve_model_path
 from ..planning import buckets as bk
 from ..planning.dtypes import amp_dtype
 from .config import ModelArgs, NeuronConfig, reject_unknown
-from .kernel_choice import use_cpu_kernels
+from .cpu.ops import use_cpu
 from .kv_cache import KVCache
 from .model import Comm, Transformer, build_mask
 from .quant import check_quant_config, quantize_model
-from .sampling import (resolve_eos, resolve_pad, select_next_tokens, start_ids_from_mask, validate_input_ids,
-                       validate_sampling_args)
-from .stopping import row_flags
-from .weights import RankWeights, move_weights, shard_state
+from .sampling import (resolve_eos, resolve_pad, row_flags, select_next_tokens, start_ids_from_mask,
+                       validate_input_ids, validate_sampling_args)
+from .weights import RankWeights, move_weights, shard_state, weight_breakdown
 
 
 def graph_kinds(context_buckets, token_buckets, speculation_length: int = 0) -> list[tuple]:
@@ -48,27 +41,21 @@ def eager_graphs(tr: Transformer, kinds) -> tuple[dict, list[dict]]:
                     for k, b in graphs]
 
 
-def select_kernels(tr: Transformer, quant=None, recorded: dict | None = None) -> Transformer:
-    """How a built rank runs its matmuls, chosen here, explicitly, once its weights are in place (the builders,
-    ``to_neuron()`` and a tensor-parallel rank's build, call it): f32 on CPU with the kernels chosen once for this
-    machine (``helpers.engine.kernel_choice``), or the ``recorded`` ones of a saved model being loaded; then int8
-    storage (``quant``) with its dequantizing linear. ``tr.matmul_kernels`` says which (None: library kernels)."""
-    tr.matmul_kernels = None
+def select_ops(tr: Transformer, quant=None, recorded: dict | None = None) -> Transformer:
+    """How a built rank runs, chosen here once its weights are in place (``to_neuron()`` and a tensor-parallel
+    rank's build call it): f32 on CPU with the CPU speed layer (``helpers.engine.cpu``: its kernels, or the
+    ``recorded`` ones of a saved model being loaded, and its ops), else torch's; then int8 storage (``quant``)."""
     if tr.device.type == "cpu" and tr.dtype == torch.float32:
-        use_cpu_kernels(tr, pack=quant is None, recorded=recorded)
+        use_cpu(tr, pack=quant is None, recorded=recorded)
     if quant is not None:
         quantize_model(tr, quant)
     return tr
 
 
 class CausalLM:
-    """A causal LM built like a Neuron model, with eager graphs. Use ``helpers.NeuronModel`` or its aliases
-    ``LlamaForSampling`` / ``MistralForSampling`` / ``NeuronAutoModelForCausalLM`` and their ``from_pretrained``.
-
-    Differences from transformers-neuronx, on purpose: ``tp_degree`` defaults to 1 (there: 2);
-    unknown keywords raise (there: silently ignored); stopping criteria receive the ids generated
-    so far (there: the prompt, aws-neuron/transformers-neuronx#75).
-    """
+    """A causal LM built like a Neuron model, with eager graphs (use ``helpers.NeuronModel`` and its aliases).
+    Differences from transformers-neuronx, on purpose: ``tp_degree`` defaults to 1 (there: 2); unknown keywords raise
+    (there: ignored); stopping criteria receive the ids generated so far (there: the prompt, tnx#75)."""
 
     cache_cls: type[KVCache] = KVCache  # seam: helpers.serving's per-row KV writes (SlotKVCache)
     ARGS = ("batch_size", "n_positions", "tp_degree", "amp", "context_length_estimate",
@@ -140,9 +127,9 @@ class CausalLM:
             raise ValueError(f"tp_degree={self.tp_degree}: tensor parallelism runs in "
                              "helpers.parallel.ParallelModel (one process per rank)")
         weights = move_weights(self._load_weights(), self.device)
-        self.model = select_kernels(Transformer(self.args, weights, Comm(), self.batch_size, self.n_positions,
-                                                self.device, self.dtype, self.cache_cls),
-                                    self.neuron_config.quant, self._recorded_kernels())
+        self.model = select_ops(Transformer(self.args, weights, Comm(), self.batch_size, self.n_positions,
+                                            self.device, self.dtype, self.cache_cls),
+                                self.neuron_config.quant, self._recorded_kernels())
         self.load_s = time.perf_counter() - t0
         self.graphs, self.build_report = self._build_graphs()
         return self
@@ -169,46 +156,43 @@ class CausalLM:
 
     @property
     def weight_bytes(self) -> int:
-        w = self._require_built().w
-        ts = [w.embed, w.norm] + ([] if w.tied else [w.lm_head])
-        for L in w.layers:
-            ts += [t for t in (L.wqkv, L.wo, L.w13, L.w2, L.ln1, L.ln2, L.bqkv, L.bo) if t is not None]
-        total = sum(t.nbytes for t in ts)  # CpuWeight / QuantWeight.nbytes: the stored matrix (int8: values + scales)
-        return total + sum(t.nbytes for t in w.extra.values() if torch.is_tensor(t))
+        """Bytes of this rank's weights (``helpers.engine.weights.weight_breakdown``)."""
+        return sum(weight_breakdown(self.require_built().w).values())
 
     @property
     def kv_cache_bytes(self) -> int:
         """Bytes of the preallocated K and V caches (this rank)."""
-        return self._require_built().kv_cache_bytes()
+        return self.require_built().kv_cache_bytes()
 
     def _is_built(self) -> bool:
         """Whether ``to_neuron()`` has run: here, this process holds the built model."""
         return self.model is not None
 
-    def _require_built(self) -> Transformer:
+    def require_built(self) -> Transformer:
         if not self._is_built():
             raise RuntimeError("The model is not built: call .to_neuron() first (as on Neuron).")
         return self.model
 
     # -- one forward over the fixed-shape cache ---------------------------------------------
-    def _sync(self):
+    def sync(self) -> None:
+        """Wait until the device finished what was asked of it (a CUDA device; the CPU runs synchronously)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
-    def _step(self, tokens, start_ids, first_slot: int, kind: str):
+    def step(self, tokens, start_ids, first_slot: int, kind: str):
         """Run ``tokens`` [B,T] at cache slots first_slot.. ; return logits of the last position [B,V]
         (kind "speculative": of every position, [B,T,V])."""
         B, T = tokens.shape
         last = first_slot + T
         if kind == "context":
-            width = self._select_bucket(kind, T)
+            width = self.select_bucket(kind, T)
             pad = width - T
             if pad:  # pad on the right to the bucket: junk slots are overwritten later, never attended
                 tokens = torch.cat([tokens, tokens.new_zeros(B, pad)], dim=1)
             kv_len = width
         else:
             width = T
-            kv_len = self._select_bucket(kind, last)
+            kv_len = self.select_bucket(kind, last)
         slots = torch.arange(first_slot, first_slot + width, device=self.device)
         rope_pos = (slots[None, :] - start_ids[:, None]).clamp_(min=0)
         mask = build_mask(slots, start_ids, kv_len, self.args.sliding_window)
@@ -216,11 +200,10 @@ class CausalLM:
             idx = torch.arange(T, device=self.device).expand(B, T)
         else:
             idx = torch.full((B, 1), T - 1, device=self.device)
-        logits = self.graphs[(kind, width if kind == "context" else kv_len)](
-            tokens, rope_pos, slots, kv_len, mask, idx)
+        logits = self.graphs[(kind, kv_len)](tokens, rope_pos, slots, kv_len, mask, idx)  # one graph per bucket
         return logits if kind == "speculative" else logits[:, -1]
 
-    def _select_bucket(self, kind: str, length: int) -> int:
+    def select_bucket(self, kind: str, length: int) -> int:
         """transformers-neuronx ``bucket.find`` (smallest >= length, else the largest) or NxDI first_fit."""
         buckets = self.context_buckets if kind == "context" else self.token_buckets
         if self.nxdi_bucketing is None:
@@ -230,13 +213,12 @@ class CausalLM:
         return bk.nxdi_select(buckets, length, tag, self.nxdi_bucketing.allow_input_truncation)
 
     def _fit_prompt(self, input_ids, attention_mask=None):
-        """NxDI: a prompt longer than the largest context bucket raises "Input len N exceeds largest bucket
-        (B) ..." or, with allow_input_truncation, is cut to it with NxDI's warning. transformers-neuronx
-        instead encodes up to its largest context bucket and continues token by token (_encode_prompt)."""
+        """NxDI refuses a prompt longer than the largest context bucket or, with allow_input_truncation, cuts it
+        (its warning); transformers-neuronx encodes the rest token by token (:meth:`_encode_prompt`)."""
         L = input_ids.shape[1]
         if self.nxdi_bucketing is None or L <= self.context_buckets[-1]:
             return input_ids, attention_mask
-        largest = self._select_bucket("context", L)  # raises unless allow_input_truncation
+        largest = self.select_bucket("context", L)  # raises unless allow_input_truncation
         warnings.warn(f"Truncating input ({L} tokens) to max_context_length ({largest} tokens). This may cause "
                       "unexpected outputs.")
         return input_ids[:, :largest], None if attention_mask is None else attention_mask[:, :largest]
@@ -247,26 +229,25 @@ class CausalLM:
         n_ctx = min(L, self.context_buckets[-1]) if self.context_buckets else 0
         logits = None
         if n_ctx:
-            logits = self._step(input_ids[:, :n_ctx], start_ids, 0, "context")
+            logits = self.step(input_ids[:, :n_ctx], start_ids, 0, "context")
         for pos in range(n_ctx, L):
-            logits = self._step(input_ids[:, pos:pos + 1], start_ids, pos, "token")
+            logits = self.step(input_ids[:, pos:pos + 1], start_ids, pos, "token")
         return logits
 
     @torch.inference_mode()
     def forward(self, input_ids, cache_ids=None, start_ids=None):
         """Logits [B, vocab] of the last position; ``cache_ids`` [T] are the slots to write (default 0..T-1)."""
-        self._require_built()
+        self.require_built()
         input_ids = validate_input_ids(input_ids, self.args.vocab_size).to(self.device)
         start = self._start_ids(input_ids, start_ids, None)
         first = 0 if cache_ids is None else int(cache_ids.reshape(-1)[0])
         if first == 0:
             input_ids, _ = self._fit_prompt(input_ids)
             return self._encode_prompt(input_ids, start)
-        return self._step(input_ids, start, first, "token")
+        return self.step(input_ids, start, first, "token")
 
     def enable_speculative_decoder(self, speculation_length: int) -> None:
-        """Build a verification graph that scores ``speculation_length + 1`` tokens in one forward
-        (the last accepted token + k draft tokens). As on Neuron, call it before ``to_neuron()``."""
+        """Build a graph that scores the last accepted token + k drafts in one forward (before ``to_neuron()``)."""
         if self._is_built():
             raise RuntimeError("enable_speculative_decoder(k) must be called before to_neuron(): the "
                                "speculative graph is compiled with the others (transformers-neuronx: same rule)")
@@ -278,9 +259,8 @@ class CausalLM:
 
     @torch.inference_mode()
     def speculative_forward(self, input_ids, cache_ids, start_ids=None):
-        """Logits [B, T, vocab] for every position of ``input_ids`` [B, T] written at ``cache_ids``
-        (T = speculation_length + 1: one fixed-shape graph per token bucket)."""
-        self._require_built()
+        """Logits [B, T, vocab] of every position of ``input_ids`` [B, T = k + 1] written at ``cache_ids``."""
+        self.require_built()
         if not self.speculation_length:
             raise RuntimeError("call enable_speculative_decoder(k) before to_neuron() to build the speculative graph")
         T = input_ids.shape[1]
@@ -290,7 +270,7 @@ class CausalLM:
         if first + T > self.n_positions:
             raise ValueError(f"positions {first}..{first + T - 1} exceed n_positions={self.n_positions}")
         input_ids = input_ids.to(self.device)
-        return self._step(input_ids, self._start_ids(input_ids, start_ids, None), first, "speculative")
+        return self.step(input_ids, self._start_ids(input_ids, start_ids, None), first, "speculative")
 
     def _start_ids(self, input_ids, start_ids, attention_mask):
         B = input_ids.shape[0]
@@ -306,19 +286,34 @@ class CausalLM:
                temperature: float = 1.0, streamer=None, stopping_criteria_list=None,
                eos_token_override=None, attention_mask=None, generator: torch.Generator | None = None,
                pad_token_id: int | None = None, output_logits: bool = False):
-        """transformers-neuronx ``sample``: returns [B, prompt + generated] token ids.
+        """transformers-neuronx ``sample``: returns [B, prompt + generated] token ids (:meth:`generate`), and
+        ``self.stats``: each token's time (:class:`StepClock`), rows' new tokens and, with ``output_logits=True``,
+        each step's logits ``stats["logits"]`` [B, steps, vocab] (:class:`KeptLogits`).
 
         Greedy is ``top_k=1``. ``streamer.put`` receives a (B, 1) tensor per new token and ``end()``
-        once; the prompt is never put. Rows that finish (EOS or a stopping criterion that returns a
-        per-row bool tensor) are padded with ``pad_token_id`` until every row is done.
-        ``eos_token_override=[]`` disables the EOS stop. ``output_logits=True`` keeps each step's
-        logits in ``self.stats["logits"]`` [B, steps, vocab].
+        once; the prompt is never put. ``eos_token_override=[]`` disables the EOS stop.
         """
-        self._require_built()
+        self.require_built()
         validate_sampling_args(top_k, top_p, temperature)
         input_ids = validate_input_ids(input_ids, self.args.vocab_size).to(self.device)
         input_ids, attention_mask = self._fit_prompt(input_ids, attention_mask)
-        B, L = input_ids.shape
+        self._check_lengths(*input_ids.shape, sequence_length)
+        start = self._start_ids(input_ids, start_ids, attention_mask)
+        eos = resolve_eos(self.args.eos_ids, eos_token_override)
+        pad = resolve_pad(pad_token_id, self.args.pad_token_id, eos)
+        clock, kept = StepClock(self.sync), KeptLogits()
+        seq, row_new_tokens = self.generate(
+            input_ids, start, sequence_length, lambda x: select_next_tokens(x, top_k, top_p, temperature, generator),
+            eos, pad, streamer, stopping_criteria_list, [clock] + [kept] * output_logits)
+        L = input_ids.shape[1]
+        self.stats = {"prompt_len": L, "new_tokens": seq.shape[1] - L, "row_new_tokens": row_new_tokens.tolist(),
+                      "ttft_s": clock.times[0], "token_times_s": clock.times, "total_s": clock.times[-1],
+                      "pad_token_id": pad}
+        if output_logits:
+            self.stats["logits"] = torch.stack(kept.steps, dim=1)
+        return seq
+
+    def _check_lengths(self, B: int, L: int, sequence_length: int) -> None:
         if B != self.batch_size:
             raise ValueError(f"The model was built for batch_size={self.batch_size} but got {B} rows: "
                              f"pad the batch to {self.batch_size} rows or rebuild with batch_size={B} "
@@ -329,21 +324,21 @@ class CausalLM:
         if L >= sequence_length:
             raise ValueError(f"The prompt has {L} tokens and sequence_length={sequence_length} leaves no room "
                              "to generate: sequence_length counts prompt + new tokens.")
-        start = self._start_ids(input_ids, start_ids, attention_mask)
-        eos = resolve_eos(self.args.eos_ids, eos_token_override)
-        pad = resolve_pad(pad_token_id, self.args.pad_token_id, eos)
-        eos_t = torch.tensor(eos, device=self.device, dtype=torch.long)
 
-        t0 = time.perf_counter()
+    @torch.inference_mode()
+    def generate(self, input_ids, start, sequence_length: int, pick, eos: list[int], pad: int, streamer=None,
+                 stopping_criteria_list=None, observers=()):
+        """The decode loop over a prompt [B, L] (``start``: each row's first real token): ``pick(logits)`` chooses
+        each step's tokens; a row that finishes (an ``eos`` id, or a stopping criterion's per-row flag) is padded
+        with ``pad`` until every row is done. Each observer is called with ``(ids so far, logits)`` after each
+        token. Returns the ids [B, L + new] and each row's new tokens (its stop token included)."""
+        B, L = input_ids.shape
+        eos_t = torch.tensor(eos, device=self.device, dtype=torch.long)
         logits = self._encode_prompt(input_ids, start)
-        seq = input_ids
-        done = torch.zeros(B, dtype=torch.bool, device=self.device)
-        row_new_tokens = torch.zeros(B, dtype=torch.long, device=self.device)  # per row, incl. its stop token
-        step_times, kept_logits = [], []
+        seq, done = input_ids, torch.zeros(B, dtype=torch.bool, device=self.device)
+        row_new_tokens = torch.zeros(B, dtype=torch.long, device=self.device)
         for cur in range(L, sequence_length):
-            if output_logits:
-                kept_logits.append(logits.float().cpu())
-            tok = select_next_tokens(logits, top_k, top_p, temperature, generator)
+            tok = pick(logits)
             tok = torch.where(done, torch.full_like(tok, pad), tok)
             row_new_tokens += (~done).long()
             seq = torch.cat([seq, tok[:, None]], dim=1)
@@ -353,16 +348,33 @@ class CausalLM:
                 done = done | torch.isin(tok, eos_t)
             if stopping_criteria_list is not None:
                 done = done | row_flags(stopping_criteria_list(seq, logits), B, self.device)
-            self._sync()
-            step_times.append(time.perf_counter() - t0)
+            for observe in observers:
+                observe(seq, logits)
             if bool(done.all()) or cur + 1 == sequence_length:
                 break
-            logits = self._step(tok[:, None], start, cur, "token")
+            logits = self.step(tok[:, None], start, cur, "token")
         if streamer is not None:
             streamer.end()
-        self.stats = {"prompt_len": L, "new_tokens": seq.shape[1] - L, "row_new_tokens": row_new_tokens.tolist(),
-                      "ttft_s": step_times[0],
-                      "token_times_s": step_times, "total_s": step_times[-1], "pad_token_id": pad}
-        if output_logits:
-            self.stats["logits"] = torch.stack(kept_logits, dim=1)
-        return seq
+        return seq, row_new_tokens
+
+
+class StepClock:
+    """A generation observer: the time of each token since the clock was made (``perf_counter`` seconds, after the
+    device finished it)."""
+
+    def __init__(self, sync):
+        self.sync, self.t0, self.times = sync, time.perf_counter(), []
+
+    def __call__(self, seq, logits) -> None:
+        self.sync()
+        self.times.append(time.perf_counter() - self.t0)
+
+
+class KeptLogits:
+    """A generation observer: each step's logits, as f32 on the CPU (``steps``)."""
+
+    def __init__(self):
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, seq, logits) -> None:
+        self.steps.append(logits.float().cpu())

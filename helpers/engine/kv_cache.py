@@ -1,12 +1,6 @@
-"""The KV cache: preallocated K and V for every layer, and the one place that writes them (gpt-fast's
-``KVCache.update``).
-
-``KVCache`` holds ``k`` and ``v`` [layers, batch, kv_heads, n_positions, head_dim], as Neuron allocates its
-cache for the whole ``n_positions`` at load. ``layer(i)`` is layer ``i``'s cache (views, same storage), and the
-attention calls its ``update(slots, k, v, kv_len)``: write this step's K/V at ``slots``, return the K/V it attends
-over. Serving layouts subclass the cache, not the attention: ``helpers.serving.slots.SlotKVCache`` (a row and
-positions per sequence) and ``helpers.serving.prefix.BlockKVCache`` (blocks of a shared pool).
-"""
+"""The KV cache: K and V [layers, batch, kv_heads, n_positions, head_dim], preallocated for the whole
+``n_positions`` as on Neuron, and the one place that writes them (gpt-fast's ``KVCache.update``). Serving layouts
+subclass the cache, not the attention (``helpers.serving``: a row per sequence, blocks of a shared pool)."""
 from __future__ import annotations
 
 import copy

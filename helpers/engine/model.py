@@ -1,20 +1,16 @@
-"""The model: one rank's forward pass over a fixed-shape KV cache, in plain PyTorch (gpt-fast style).
-
-``Transformer`` holds one rank's weights (``helpers.engine.weights``: fused QKV and gate/up, as
-Neuron's ``fuse_qkv``), its KV cache (``helpers.engine.kv_cache``, preallocated for the whole ``n_positions``)
-and a ``Comm`` for collectives (a no-op at tp=1). A layer is two blocks cut at the tensor-parallel all-reduces,
-``attn_block`` and ``mlp_block``: the units ``helpers.artifacts`` compiles per bucket.
-"""
+"""The model: one rank's forward pass over a fixed-shape KV cache, in plain PyTorch (gpt-fast style). A layer is
+two blocks cut at the tensor-parallel all-reduces, ``attn_block`` and ``mlp_block``: the units ``helpers.artifacts``
+compiles per bucket. What runs between the matmuls is the model's ``ops`` (:class:`TorchOps`)."""
 from __future__ import annotations
 
 import copy
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from transformers import AutoConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from . import fused_ops
 from .config import ModelArgs
 from .kv_cache import KVCache
 from .weights import LayerWeights, RankWeights
@@ -43,22 +39,6 @@ def rope_inv_freq(args: ModelArgs) -> tuple[torch.Tensor, float]:
     return ROPE_INIT_FUNCTIONS[rope_type](cfg, torch.device("cpu"))  # device: a required argument before transformers 5
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # As transformers' LlamaRMSNorm: statistics in f32, scale in the input dtype. In f32 that is
-    # exactly torch's fused rms_norm (one kernel instead of six).
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, weight.shape, weight, eps)
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
-def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
-    """The model's one linear: a tensor by ``F.linear``, a weight object by its own kernel (``w.linear``: f32 on
-    CPU, ``helpers.engine.kernels.CpuWeight``; int8 storage, ``helpers.engine.quant.QuantWeight``)."""
-    return F.linear(x, w, b) if isinstance(w, torch.Tensor) else w.linear(x, b)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """transformers' ``x * cos + rotate_half(x) * sin`` with the sign of rotate_half folded into
     ``sin_signed`` = cat(-sin[:D/2], sin[D/2:]): three kernels instead of six."""
@@ -66,22 +46,80 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> 
     return torch.addcmul(x * cos, torch.cat((x2, x1), dim=-1), sin_signed)
 
 
-class Transformer:
-    """One rank's forward pass over a fixed-shape KV cache.
+class Linear:
+    """A [out, in] matrix that owns its matmul, as torch's ``nn.Linear``: ``linear(x, b)`` is ``F.linear``. The model
+    calls every matrix alike; the CPU speed layer's ``CpuWeight`` and int8's ``QuantWeight`` are the other kinds."""
 
-    ``forward(tokens [B,T], rope_pos [B,T], slots [T], kv_len, mask [B,T,kv_len], logit_idx)``
-    writes this step's K/V at ``slots`` and attends over cache positions ``[0, kv_len)``. ``cache_cls``: the
-    kind of KV cache (``helpers.serving`` passes its own); :meth:`with_cache` is the same model over another.
-    """
+    def __init__(self, dense: torch.Tensor):
+        self.dense = dense
+
+    @property
+    def shape(self):
+        return self.dense.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.dense.nbytes
+
+    def linear(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, self.dense, b)
+
+    def traced(self, t: torch.Tensor) -> "Linear":
+        """The same kind of weight over ``t`` (a graph input while ``torch.export`` traces)."""
+        return Linear(t)
+
+
+class KVHeads(NamedTuple):
+    """The KV head of each query head: as the C attention reads it (``per_query``, int32 [n_q]) and as torch's
+    attention gathers K/V (``gather``: a slice, no copy, where query heads share KV heads in order; else an index)."""
+    per_query: torch.Tensor
+    gather: slice | torch.Tensor
+
+
+class TorchOps:
+    """The ops between a step's matmuls, in torch, one path each (``helpers.engine.cpu.ops`` runs them in C)."""
+    record = None  # what a saved model keeps of its ops (the speed layer's choice; None: nothing to check at load)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """As transformers' LlamaRMSNorm: statistics in f32, scale in the input dtype (in f32: torch's fused one)."""
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, weight.shape, weight, eps)
+        h = x.float()
+        return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+    def rope(self, q, k, cos, sin_signed, head_dim: int):
+        """``q`` / ``k`` [B, T, heads * head_dim] rotated (``apply_rope``), same shapes."""
+        B, T, _ = q.shape
+        return tuple(apply_rope(t.reshape(B, T, -1, head_dim), cos, sin_signed).reshape(B, T, -1) for t in (q, k))
+
+    def attention(self, q, k, v, mask, kv_heads: KVHeads, head_dim: int) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d) where mask) v: q [B, T, H * d], k / v [B, kv_heads, S, d] -> [B, T, H * d]."""
+        B, T, _ = q.shape
+        q = q.reshape(B, T, -1, head_dim).transpose(1, 2)
+        k, v = k[:, kv_heads.gather], v[:, kv_heads.gather]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return o.transpose(1, 2).reshape(B, T, -1)
+
+    def swiglu(self, gu: torch.Tensor) -> torch.Tensor:
+        """``silu(g) * u`` for ``g, u = gu.chunk(2, -1)`` (the fused gate/up output)."""
+        g, u = gu.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+
+class Transformer:
+    """One rank's forward pass over a fixed-shape KV cache: ``forward(tokens [B,T], rope_pos [B,T], slots [T], kv_len,
+    mask [B,T,kv_len], logit_idx)`` writes this step's K/V at ``slots`` and attends over positions ``[0, kv_len)``.
+    ``cache_cls``: the kind of KV cache (``helpers.serving`` passes its own); ``ops``: what runs between the matmuls."""
 
     def __init__(self, args: ModelArgs, w: RankWeights, comm: Comm, batch_size: int, n_positions: int,
                  device: torch.device, dtype: torch.dtype, cache_cls: type[KVCache] = KVCache):
         self.args, self.w, self.comm = args, w, comm
+        w.relayout(Linear)  # every matrix owns its matmul (the build may swap in faster or int8 kinds)
         self.dtype, self.device = dtype, device
-        self.matmul_kernels: dict | None = None  # the CPU kernel per shape family, when they run (kernel_choice)
-        self.fused = False  # the ops between the matmuls in C (helpers.engine.fused_ops), where kernel_choice chose them
+        self.ops = TorchOps()
         group = w.kv_group if w.kv_group is not None else torch.arange(w.n_q) // max(1, w.n_q // w.n_kv)
-        self.head_kv = group.to(torch.int32)  # the KV head of each query head (fused_ops.attention)
+        self.kv_heads = KVHeads(group.to(device=device, dtype=torch.int32),
+                                slice(None) if w.kv_group is None else w.kv_group.to(device))
         inv_freq, scale = rope_inv_freq(args)
         pos = torch.arange(n_positions, dtype=torch.float)
         freqs = pos[:, None] * inv_freq[None, :]
@@ -103,13 +141,6 @@ class Transformer:
         """The positions its RoPE tables cover (``n_positions``)."""
         return self.cos.shape[0]
 
-    @property
-    def kernels_record(self) -> dict | None:
-        """What a saved model records of the CPU kernels this model runs with: ``matmul_kernels`` and ``"ops"`` (the
-        ops between them: ``"fused"``, ``helpers.engine.fused_ops``, or ``"torch"``); None where they do not run.
-        A load builds with the same (``helpers.engine.kernel_choice.check_recorded``)."""
-        return None if self.matmul_kernels is None else dict(self.matmul_kernels, ops="fused" if self.fused else "torch")
-
     def kv_cache_bytes(self) -> int:
         return self.cache.nbytes
 
@@ -117,58 +148,30 @@ class Transformer:
         """Column-parallel fused projection -> q, k, v, each [B, T, heads * head_dim] of this rank.
         Seam: ``helpers.parallel`` splits by its layout's columns (SHARD_OVER_BATCH, ALL_GATHER_HEADS)."""
         nq, nkv = self.w.n_q * self.args.head_dim, self.w.n_kv * self.args.head_dim
-        qkv = linear(h, L.wqkv, L.bqkv)
+        qkv = L.wqkv.linear(h, L.bqkv)
         return qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
 
-    def c_ops(self) -> bool:
-        """Whether this call runs the C ops between the matmuls: the build chose them (``self.fused``) and
-        ``torch.export`` is not tracing (a graph holds ATen ops only)."""
-        return self.fused and not fused_ops.tracing()
-
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """The model's RMSNorm: in C where the build chose the fused ops (``helpers.engine.fused_ops``)."""
-        if self.c_ops():
-            return fused_ops.rms_norm(x, weight, self.args.rms_norm_eps)
-        return rms_norm(x, weight, self.args.rms_norm_eps)
+        return self.ops.rms_norm(x, weight, self.args.rms_norm_eps)
 
     def attention(self, q, k, v, kv: KVCache, cos, sin, slots, kv_len: int, attn_mask):
-        """RoPE (``cos``/``sin`` [B, T, 1, D], ``sin`` sign-folded, see ``apply_rope``), write K/V at ``slots`` of
-        the layer's cache ``kv`` (``kv.update``), attend over [0, kv_len) -> [B, T, n_q * head_dim] (GQA mapping of
-        this rank's layout). Seam: ``helpers.parallel`` exchanges rows and heads around it (SHARD_OVER_BATCH).
-        With the fused ops (``self.fused``): RoPE in place on ``q`` and ``k`` (fresh projections) and, for a few
-        query rows, the attention, each one C call."""
+        """RoPE (``cos`` / ``sin`` [B, T, 1, D], ``sin`` sign-folded), write K/V at ``slots`` of the layer's cache
+        ``kv``, attend over [0, kv_len) -> [B, T, n_q * D]. Seam: ``helpers.parallel`` exchanges rows and heads."""
         B, T, _ = q.shape
         D = self.args.head_dim
-        fused = self.c_ops()
-        if fused and fused_ops.rope_qk_(q, k, cos, sin, D):
-            k = k.reshape(B, T, -1, D).transpose(1, 2)
-        else:
-            q = apply_rope(q.reshape(B, T, -1, D), cos, sin).reshape(B, T, -1)
-            k = apply_rope(k.reshape(B, T, -1, D), cos, sin).transpose(1, 2)
-        k, v = kv.update(slots, k, v.reshape(B, T, -1, D).transpose(1, 2), kv_len)
-        if fused and fused_ops.attention_fits(q, k, v, attn_mask):
-            return fused_ops.attention(q, k, v, attn_mask, self.head_kv, D)
-        q = q.reshape(B, T, -1, D).transpose(1, 2)
-        if self.w.kv_group is not None:  # arbitrary q->kv mapping (padded / replicated layouts)
-            o = F.scaled_dot_product_attention(q, k[:, self.w.kv_group], v[:, self.w.kv_group], attn_mask=attn_mask)
-        else:
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=self.w.n_q != self.w.n_kv)
-        return o.transpose(1, 2).reshape(B, T, -1)
+        q, k = self.ops.rope(q, k, cos, sin, D)
+        k, v = kv.update(slots, *(t.reshape(B, T, -1, D).transpose(1, 2) for t in (k, v)), kv_len)
+        return self.ops.attention(q, k, v, attn_mask, self.kv_heads, D)
 
     def attn_block(self, x, L: LayerWeights, kv: KVCache, cos, sin, slots, kv_len: int, attn_mask):
-        """One layer's attention from its input norm to o_proj, up to the all-reduce (one compiled graph
-        per bucket in helpers.artifacts)."""
+        """One layer's attention from its input norm to o_proj, up to the all-reduce (a graph in helpers.artifacts)."""
         h = self.norm(x, L.ln1)
         q, k, v = self.qkv(L, h)
-        return linear(self.attention(q, k, v, kv, cos, sin, slots, kv_len, attn_mask), L.wo)
+        return L.wo.linear(self.attention(q, k, v, kv, cos, sin, slots, kv_len, attn_mask))
 
     def mlp_block(self, x, L: LayerWeights):
         """One layer's gated MLP up to its all-reduce."""
-        gu = linear(self.norm(x, L.ln2), L.w13)
-        if self.c_ops():
-            return linear(fused_ops.swiglu(gu), L.w2)
-        g, u = gu.chunk(2, dim=-1)
-        return linear(F.silu(g) * u, L.w2)
+        return L.w2.linear(self.ops.swiglu(L.w13.linear(self.norm(x, L.ln2))))
 
     @torch.inference_mode()
     def forward(self, tokens, rope_pos, slots, kv_len: int, mask, logit_idx=None, blocks=None):
@@ -189,7 +192,7 @@ class Transformer:
         if logit_idx is not None:
             x = x[torch.arange(B, device=x.device)[:, None], logit_idx]
         x = self.norm(x, w.norm)
-        logits = self.comm.all_gather(linear(x, w.lm_head), dim=-1)
+        logits = self.comm.all_gather(w.lm_head.linear(x), dim=-1)
         return logits[..., : w.vocab_size].float()
 
 

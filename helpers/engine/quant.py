@@ -1,27 +1,17 @@
-"""int8 weight storage: weights kept as 8-bit values plus scales, dequantized to ``amp`` at use.
+"""int8 weight storage: 8-bit values plus scales, dequantized to ``amp`` at use (:class:`QuantWeight`, a weight
+that owns its matmul), with the Neuron libraries' method names:
 
-Two families of methods, with the Neuron libraries' names:
-
-- transformers-neuronx 0.13 ``QuantizationConfig`` (``config.py``, ``quantize.py``):
-  ``vector_dynamic`` = one scale per output channel, ``absmax / 127`` for ``s8`` (``absmax / 240`` for
-  ``f8e4m3fn``, Neuron's fp8 bound ``constants.FpBounds``); ``direct_cast`` = cast with no scale.
-  Quantized: q/k/v/o (``quantize_attn``) and the MLP; the embedding and the LM head stay in ``amp``.
-- NxD Inference 0.8 ``quantization_type`` (``models/application_base.py:generate_quantized_state_dict``):
-  ``per_tensor_symmetric`` = one scale per weight, ``absmax / 127.5`` (torch's symmetric qint8 observer);
-  ``per_channel_symmetric`` = one per output channel, ``absmax / 127`` (neuronx-distributed's
-  ``PerChannelAbsMaxObserver``). NxDI quantizes a checkpoint once (``save_quantized_state_dict``) and
-  later loads read it from ``quantized_checkpoints_path``; :func:`save_quantized_state_dict` does the same
-  (one ``model.safetensors`` holding ``layers.N.<proj>.weight`` int8 + ``.scale`` f32, as NxDI names them).
-
-The engine calls :func:`check_quant_config` before any build and :func:`quantize_model` in ``to_neuron()``;
-the model's projections are then :class:`QuantWeight` objects, which ``helpers.engine.model.linear`` runs by
-:meth:`QuantWeight.linear`.
+- transformers-neuronx 0.13 ``QuantizationConfig``: ``vector_dynamic`` = one scale per output channel,
+  ``absmax / 127`` for ``s8`` (``absmax / 240`` for ``f8e4m3fn``); ``direct_cast`` = cast with no scale.
+- NxD Inference 0.8 ``quantization_type``: ``per_tensor_symmetric`` = one scale per weight, ``absmax / 127.5``;
+  ``per_channel_symmetric`` = one per output channel, ``absmax / 127``. NxDI quantizes a checkpoint once
+  (:func:`save_quantized_state_dict`) and loads read it from ``quantized_checkpoints_path``.
 """
 from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -32,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from ..model_store import load_config, load_state_dict
 from ..planning.dtypes import AMP_DTYPES, QUANT_DTYPES
 from .config import ModelArgs
+from .weights import stored
 
 TNX_METHODS = ("vector_dynamic", "direct_cast")
 NXDI_METHODS = ("per_tensor_symmetric", "per_channel_symmetric")
@@ -41,25 +32,29 @@ MLP = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 CHECKPOINT_FILE = "model.safetensors"
 
 
+@dataclass(eq=False)
 class QuantizationConfig:
-    """transformers-neuronx's ``QuantizationConfig`` keywords (same names and defaults), plus
-    NxDI's ``quantization_type`` values as ``quantize_method`` and NxDI's ``quantized_checkpoints_path``.
+    """transformers-neuronx's ``QuantizationConfig`` keywords (same names and defaults), NxDI's ``quantization_type``
+    values as ``quantize_method`` and NxDI's ``quantized_checkpoints_path``. ``no_quantize_list``: layer prefixes
+    ("model.layers.3") whose weights stay in ``amp``."""
 
-    ``no_quantize_list`` holds layer prefixes ("model.layers.3") whose weights stay in ``amp``. (In
-    transformers-neuronx 0.13 the list only gives f8e4m3fn MLP weights a unit scale and is ignored for
-    s8; NxDI's equivalent is ``modules_to_not_convert``, honoured for per_channel_symmetric only.)
-    """
+    quant_dtype: str = "s8"
+    dequant_dtype: str = "f16"
+    quantize_method: str = "vector_dynamic"
+    quantize_attn: bool = True
+    no_quantize_list: list = field(default_factory=list)
+    quantized_checkpoints_path: str | None = None
 
-    def __init__(self, quant_dtype: str = "s8", dequant_dtype: str = "f16", quantize_method: str = "vector_dynamic",
-                 quantize_attn: bool = True, no_quantize_list=(), quantized_checkpoints_path=None):
+    def __post_init__(self):
+        quant_dtype, quantize_method = self.quant_dtype, self.quantize_method
         if quant_dtype not in QUANT_DTYPES:
             raise ValueError(f"quant_dtype={quant_dtype!r}: use one of {list(QUANT_DTYPES)} "
                              "(transformers-neuronx names; NxDI's quantization_dtype='int8' is 's8')")
         if quantize_method not in TNX_METHODS + NXDI_METHODS:
             raise ValueError(f"quantize_method={quantize_method!r}: use one of {list(TNX_METHODS)} "
                              f"(transformers-neuronx) or {list(NXDI_METHODS)} (NxDI quantization_type)")
-        if dequant_dtype not in AMP_DTYPES:
-            raise ValueError(f"dequant_dtype={dequant_dtype!r}: use one of {sorted(AMP_DTYPES)}")
+        if self.dequant_dtype not in AMP_DTYPES:
+            raise ValueError(f"dequant_dtype={self.dequant_dtype!r}: use one of {sorted(AMP_DTYPES)}")
         if quantize_method == "direct_cast" and quant_dtype == "s8":
             raise ValueError("quantize_method='direct_cast' stores the weights cast to s8 with no scale: every "
                              "weight in (-1, 1), i.e. nearly all of an LLM's, becomes 0. Use "
@@ -69,16 +64,7 @@ class QuantizationConfig:
         if quantize_method in NXDI_METHODS and quant_dtype != "s8":
             raise ValueError(f"quantize_method={quantize_method!r} is implemented for int8 (quant_dtype='s8') "
                              "only in the reference engine")
-        self.quant_dtype, self.dequant_dtype, self.quantize_method = quant_dtype, dequant_dtype, quantize_method
-        self.quantize_attn = bool(quantize_attn)
-        self.no_quantize_list = list(no_quantize_list)
-        self.quantized_checkpoints_path = quantized_checkpoints_path
-
-    def __repr__(self):
-        return (f"QuantizationConfig(quant_dtype={self.quant_dtype!r}, dequant_dtype={self.dequant_dtype!r}, "
-                f"quantize_method={self.quantize_method!r}, quantize_attn={self.quantize_attn}, "
-                f"no_quantize_list={self.no_quantize_list}, "
-                f"quantized_checkpoints_path={self.quantized_checkpoints_path!r})")
+        self.quantize_attn, self.no_quantize_list = bool(self.quantize_attn), list(self.no_quantize_list)
 
     def quantized_names(self, layer: int) -> tuple[str, ...]:
         """The HF projection names of ``layer`` whose weights are stored quantized."""
@@ -186,8 +172,8 @@ def quantize_model(model, quant: QuantizationConfig) -> None:
         if saved is not None:
             get = {n: _saved_part(saved, i, n) for n in names}
         else:
-            parts = dict(zip(ATTN[:3], _split(L.wqkv, qkv_sizes))) | {ATTN[3]: L.wo}
-            parts |= dict(zip(MLP[:2], _split(L.w13, [ffn, ffn]))) | {MLP[2]: L.w2}
+            parts = dict(zip(ATTN[:3], _split(stored(L.wqkv), qkv_sizes))) | {ATTN[3]: stored(L.wo)}
+            parts |= dict(zip(MLP[:2], _split(stored(L.w13), [ffn, ffn]))) | {MLP[2]: stored(L.w2)}
             get = {n: quantize_tensor(parts[n], quant) for n in names}
         if quant.quantize_attn:
             L.wqkv = _checked(_fuse([get[n] for n in ATTN[:3]], dtype), L.wqkv, i, "q/k/v")
@@ -200,18 +186,18 @@ def _checked(qw: QuantWeight, old: torch.Tensor, layer: int, what: str) -> Quant
     if tuple(qw.shape) != tuple(old.shape):
         raise ValueError(f"layer {layer} {what}: quantized weight {tuple(qw.shape)} does not match the model's "
                          f"{tuple(old.shape)}: the quantized checkpoint belongs to another model (or tp_degree)")
-    qw.q, qw.scale = qw.q.to(old.device), None if qw.scale is None else qw.scale.to(old.device)
+    device = stored(old).device
+    qw.q, qw.scale = qw.q.to(device), None if qw.scale is None else qw.scale.to(device)
     return qw
 
 
 def quantized_weight_bytes(model) -> tuple[int, int]:
     """(bytes of the quantized projections, bytes the same projections take in ``amp``)."""
     stored = full = 0
-    for L in model.w.layers:
-        for t in (L.wqkv, L.wo, L.w13, L.w2):
-            if isinstance(t, QuantWeight):
-                stored += t.nbytes
-                full += t.q.numel() * torch.empty((), dtype=t.dtype).element_size()
+    for t in model.w.matrices():
+        if isinstance(t, QuantWeight):
+            stored += t.nbytes
+            full += t.q.numel() * torch.empty((), dtype=t.dtype).element_size()
     return stored, full
 
 
@@ -261,43 +247,3 @@ def load_quantized_state_dict(quant: QuantizationConfig) -> dict:
 def _saved_part(saved: dict, layer: int, name: str):
     key = f"layers.{layer}.{name}"
     return saved[key + ".weight"], saved.get(key + ".scale")
-
-
-# -- 8-bit formats compared (notebook 06, section 6) -------------------------------------------------
-# NxD Inference 0.8 stores quantized weights as quantization_dtype "int8", "f8e4m3" or "f8e5m2" (the NxD guide,
-# Model Weight Quantization: e4m3 "greater precision and less range", e5m2 "greater range and less precision").
-# Largest value used for the scale: int8 127 (per-channel symmetric), e4m3 240 (Neuron's e4m3 range, FP8_MAX:
-# NxDI compiles fp8 with --experimental-unsafe-fp8e4m3fn-as-fp8e4m3), e5m2 57344 (its largest finite value).
-EIGHT_BIT_FORMATS = {"int8": (torch.int8, 127.0), "f8e4m3": (torch.float8_e4m3fn, FP8_MAX),
-                     "f8e5m2": (torch.float8_e5m2, 57344.0)}
-
-
-def fake_quantize(w: torch.Tensor, fmt: str) -> torch.Tensor:
-    """Store ``w`` [out, in] in an 8-bit format with one scale per output channel (absmax to the format's largest
-    value) and read it back in f32: what the format keeps of the weight."""
-    if fmt not in EIGHT_BIT_FORMATS:
-        raise ValueError(f"fmt={fmt!r}: use one of {list(EIGHT_BIT_FORMATS)}")
-    dtype, top = EIGHT_BIT_FORMATS[fmt]
-    w = w.float()
-    scale = (w.abs().amax(dim=1, keepdim=True) / top).clamp(min=torch.finfo(torch.float32).eps)
-    x = (w / scale).clamp(-top, top)
-    q = x.round().to(dtype) if dtype == torch.int8 else x.to(dtype)
-    return q.float() * scale
-
-
-def rounding_errors(model_path, formats=tuple(EIGHT_BIT_FORMATS), every: int = 8) -> dict[str, float]:
-    """Relative RMS error ``||w - fake_quantize(w)|| / ||w||`` of each format over every decoder projection
-    (q/k/v/o, gate/up/down) of a checkpoint: the weights each int8 / FP8 mode would store. Scales are per output
-    channel, so a sample of channels (every ``every``-th row) gives the same figure for a fraction of the work."""
-    names = tuple(f".{p}.weight" for p in ATTN + MLP)
-    weights = [t for n, t in load_state_dict(model_path).items() if n.endswith(names)]
-    if not weights:
-        raise ValueError(f"{model_path}: no decoder projection weights ({', '.join(ATTN + MLP)}) found")
-    err = {f: 0.0 for f in formats}
-    total = 0.0
-    for w in weights:
-        w = w[::every].float()
-        total += float(w.square().sum())
-        for f in formats:
-            err[f] += float((w - fake_quantize(w, f)).square().sum())
-    return {f: (e / total) ** 0.5 for f, e in err.items()}

@@ -1,10 +1,6 @@
-"""Token selection for ``sample()``: transformers' own logits warpers, then one draw; and the defaults every
-``sample()`` resolves the same way (the reference engine's and ``helpers.neuron``'s): EOS, pad, start ids.
-
-Greedy is ``top_k=1`` (argmax, as transformers-neuronx users write it); otherwise
-temperature -> top-k -> top-p (the order of transformers' generate) and a multinomial draw
-from an optional ``torch.Generator`` for reproducible runs.
-"""
+"""Token selection for ``sample()`` (greedy is ``top_k=1``; else transformers' temperature -> top-k -> top-p warpers
+and one multinomial draw), and the defaults every ``sample()`` resolves alike, the engine's and ``helpers.neuron``'s:
+EOS, pad, start ids, a criterion's row flags."""
 from __future__ import annotations
 
 import torch
@@ -92,3 +88,10 @@ def select_next_tokens(logits: torch.Tensor, top_k: int, top_p: float, temperatu
         return logits.argmax(dim=-1)
     probs = probabilities(logits, top_k, top_p, temperature)
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+def row_flags(value, batch: int, device=None) -> torch.Tensor:
+    """A criterion's answer as one bool per row: a per-row tensor as it is, one bool (tensor or not) for
+    every row."""
+    v = torch.as_tensor(value, dtype=torch.bool, device=device).reshape(-1)
+    return v.expand(batch) if v.numel() == 1 else v

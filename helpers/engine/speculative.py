@@ -1,33 +1,19 @@
 """Speculative sampling with the shape of transformers-neuronx's ``SpeculativeGenerator``.
 
-A draft proposes ``k`` tokens; the target scores the last accepted token plus the ``k`` drafts in
-one fixed-shape forward (its speculative graph, built by ``enable_speculative_decoder(k)`` before
-``to_neuron()``), and an acceptor keeps a prefix of the drafts plus one token of its own:
-
-* greedy (``top_k=1``): drafts are kept while they equal the target's argmax; then the target's
-  argmax follows. The output is token-identical to the target alone.
-* sampling: the modified rejection sampling of Leviathan et al. 2023 / Chen et al. 2023: keep draft
-  ``x`` with probability ``min(1, p(x) / q(x))``; at the first rejection draw from
-  ``norm(max(0, p - q))``; if all ``k`` are kept, draw a bonus token from the next ``p``. Every
-  emitted token is then distributed exactly as the target's ``p``.
-
-Drafts: :class:`PromptLookupDraft` (n-gram lookup in the sequence so far, no model: its ``q`` is
-one-hot) and :class:`ModelDraft` (any reference model with batch 1, e.g. a layer-truncated target).
-
-Differences from transformers-neuronx 0.13 (``speculation.py``), on purpose: the streamer receives
-each accepted token as a (1, 1) tensor (there: the prompt first, then zero-padded [batch, k]
-chunks), and ``sample`` takes ``top_k``/``top_p``/``temperature``/``generator``.
+A draft proposes ``k`` tokens; the target scores the last accepted token plus the drafts in one fixed-shape
+forward (its speculative graph), and an acceptor keeps a prefix of the drafts plus one token of its own: greedy
+(``top_k=1``) keeps drafts equal to the target's argmax (the output is the target's own); sampling uses the
+modified rejection sampling of Leviathan et al. 2023 (keep ``x`` with probability ``min(1, p(x) / q(x))``, else
+draw from ``norm(max(0, p - q))``), so every token is distributed as the target's ``p``. Drafts:
+:class:`PromptLookupDraft` (n-gram lookup, no model) and :class:`ModelDraft` (a batch-1 reference model).
+Unlike transformers-neuronx 0.13, the streamer receives each accepted token as a (1, 1) tensor.
 """
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from ..model_store import load_config, load_state_dict, resolve_model_path
 from .sampling import eos_list, probabilities, validate_sampling_args
 
 
@@ -65,21 +51,11 @@ def accept_rejection(draft: torch.Tensor, q: torch.Tensor | None, p: torch.Tenso
     return k, int(torch.multinomial(p[k], 1, generator=generator))
 
 
-def accept_always_broken(draft, q, p, generator=None) -> tuple[int, int]:
-    """A deliberately WRONG rule (keeps every draft): used to show the distribution tests fail."""
-    return draft.numel(), int(torch.multinomial(p[-1], 1, generator=generator))
-
-
 # -- drafts --------------------------------------------------------------------------------------
 class PromptLookupDraft:
-    """Drafts by finding the most recent earlier occurrence of the last ``ngram`` tokens and
-    proposing the ``k`` tokens that followed it (falls back to shorter n-grams, then to repeating
-    the last token). A match close to the end continues into its own proposal, so a repeating
-    pattern (a list, a loop) is extended by whole periods. Costs no model forward; its
-    distribution is one-hot (q = None). transformers' ``PromptLookupCandidateGenerator`` (behind
-    ``generate(prompt_lookup_num_tokens=...)``) does the same lookup for ``generate()``, but returns a
-    variable number of candidates from the earliest match; a fixed-shape verification graph
-    (Neuron's, and this engine's) takes exactly ``k``."""
+    """Drafts the ``k`` tokens that followed the most recent earlier occurrence of the last ``ngram`` tokens (shorter
+    n-grams, then the last token repeated, as fallbacks; a match near the end continues into its own proposal, so a
+    repeating pattern extends by whole periods). No model: its distribution is one-hot (q = None)."""
 
     def __init__(self, ngram: int = 3):
         if ngram < 1:
@@ -100,44 +76,6 @@ class PromptLookupDraft:
                         ext.append(ext[start + n + j])
                     return torch.tensor(ext[len(s):]), None
         return torch.full((k,), s[-1]), None
-
-
-class NeuronPromptLookupDraft:
-    """Prompt lookup as a transformers-neuronx draft provider, so the library's ``SpeculativeGenerator(draft,
-    target, k)`` drafts by n-gram lookup, with no draft model (batch 1).
-
-    transformers-neuronx 0.13 (``speculation.py``) accepts any ``DraftProvider``: ``__call__(input_ids, k,
-    cache_ids, start_ids) -> (tokens, scores)``, first with the prompt (context encoding, ``cache_ids`` None),
-    then with the target's newest token and its position, asking for ``k`` drafts (``[1, k]`` tokens and
-    ``[k, 1, vocab]`` scores, here one-hot). It never says which drafts were accepted; the new token's
-    position does: the drafts before it are the accepted ones, so the sequence is rebuilt from the previous
-    proposal. (NxD Inference 0.8 has no such hook: its ``generate(prompt_lookup_num_tokens=...)`` fails,
-    see notebook 05.)"""
-
-    def __init__(self, vocab_size: int, ngram: int = 3):
-        self.lookup, self.vocab_size = PromptLookupDraft(ngram), int(vocab_size)
-        self.seq: list[int] = []      # tokens at positions 0 .. len-1, all accepted
-        self.pending: list[int] = []  # the last proposal, at positions len(seq) ..
-
-    def __call__(self, input_ids: torch.Tensor, k: int, cache_ids=None, start_ids=None):
-        if input_ids.shape[0] != 1:
-            raise ValueError("prompt lookup drafts for batch 1 (speculative sampling runs at batch_size=1)")
-        pos = 0 if cache_ids is None else int(torch.as_tensor(cache_ids).reshape(-1)[0])
-        if pos == 0:  # context encoding: the prompt
-            self.seq, self.pending = input_ids[0].tolist(), []
-        else:  # the token at ``pos``: the drafts before it were accepted
-            seq = self.seq + self.pending[:pos - len(self.seq)]
-            if len(seq) != pos:
-                raise ValueError(f"token at position {pos}, but the provider holds {len(seq)} tokens")
-            self.seq = seq + input_ids[0].tolist()
-        n = 1 if pos == 0 else int(k)
-        drafts, _ = self.lookup.propose(torch.tensor(self.seq), n)
-        self.pending = drafts.tolist()
-        scores = torch.full((n, 1, self.vocab_size), float("-inf"))
-        scores[torch.arange(n), 0, drafts] = 0.0  # one-hot: q(draft) = 1
-        if pos == 0:  # DraftModelForSpeculation's context shapes: [1, 1] token, [1, vocab] scores
-            return drafts[None, :1], scores[0]
-        return drafts[None], scores
 
 
 class ModelDraft:
@@ -162,7 +100,7 @@ class ModelDraft:
         start = torch.zeros(1, dtype=torch.long, device=m.device)
         logits = None
         for pos in range(self.filled, seq.numel()):  # catch up with tokens accepted last round
-            logits = m._step(seq[None, pos:pos + 1].to(m.device), start, pos, "token")
+            logits = m.step(seq[None, pos:pos + 1].to(m.device), start, pos, "token")
         drafts, qs = [], []
         for i in range(k):
             q = probabilities(logits, top_k, top_p, temperature)[0]
@@ -170,7 +108,7 @@ class ModelDraft:
             drafts.append(tok)
             qs.append(q.cpu())
             if i + 1 < k:
-                logits = m._step(torch.tensor([[tok]], device=m.device), start, seq.numel() + i, "token")
+                logits = m.step(torch.tensor([[tok]], device=m.device), start, seq.numel() + i, "token")
         # slots seq.numel() .. +k-2 hold drafts 1..k-1; the caller tells us how many were accepted
         self._pending = seq.numel()
         return torch.tensor(drafts), (None if top_k == 1 else torch.stack(qs))
@@ -201,16 +139,8 @@ class SpeculativeGenerator:
                attention_mask=None, streamer=None, output_logits: bool = False, top_k: int = 1,
                top_p: float = 1.0, temperature: float = 1.0, generator: torch.Generator | None = None):
         validate_sampling_args(top_k, top_p, temperature)
-        input_ids = torch.as_tensor(input_ids)
-        if input_ids.dim() == 2:
-            if input_ids.shape[0] != 1:
-                raise ValueError(f"speculative sampling runs batch_size=1, got {input_ids.shape[0]} rows")
-            input_ids = input_ids[0]
-        if attention_mask is not None and bool((torch.as_tensor(attention_mask) == 0).any()):
-            raise ValueError("batch 1 needs no padding: pass the prompt without pad tokens")
+        input_ids = self._prompt(input_ids, attention_mask, sequence_length)
         t, k = self.target, self.k
-        if sequence_length > t.n_positions:
-            raise ValueError(f"sequence_length={sequence_length} exceeds the target's n_positions={t.n_positions}")
         eos = set(eos_list(eos_token_id))
         t0 = time.perf_counter()
         seq = input_ids.clone()
@@ -225,7 +155,7 @@ class SpeculativeGenerator:
         while seq.numel() < sequence_length and not (eos and int(seq[-1]) in eos):
             cur = seq.numel()
             if cur - 1 + k + 1 > t.n_positions:  # no room for a full speculative window: plain steps
-                logits = t._step(seq[None, -1:].to(t.device), torch.zeros(1, dtype=torch.long, device=t.device),
+                logits = t.step(seq[None, -1:].to(t.device), torch.zeros(1, dtype=torch.long, device=t.device),
                                  cur - 1, "token")
                 new = [self._select(logits, top_k, top_p, temperature, generator)]
             else:
@@ -261,41 +191,22 @@ class SpeculativeGenerator:
             self.stats["logits"] = all_logits
         return seq[None]
 
+    def _prompt(self, input_ids, attention_mask, sequence_length: int) -> torch.Tensor:
+        """The prompt as one row [L], or a refusal (several rows, padding, no room in the target)."""
+        input_ids = torch.as_tensor(input_ids)
+        if input_ids.dim() == 2:
+            if input_ids.shape[0] != 1:
+                raise ValueError(f"speculative sampling runs batch_size=1, got {input_ids.shape[0]} rows")
+            input_ids = input_ids[0]
+        if attention_mask is not None and bool((torch.as_tensor(attention_mask) == 0).any()):
+            raise ValueError("batch 1 needs no padding: pass the prompt without pad tokens")
+        if sequence_length > self.target.n_positions:
+            raise ValueError(f"sequence_length={sequence_length} exceeds the target's "
+                             f"n_positions={self.target.n_positions}")
+        return input_ids
+
     @staticmethod
     def _select(logits, top_k, top_p, temperature, generator):
         if top_k == 1:
             return int(logits[0].argmax())
         return int(torch.multinomial(probabilities(logits, top_k, top_p, temperature)[0], 1, generator=generator))
-
-
-# -- analytic model ------------------------------------------------------------------------------
-def expected_tokens_per_round(alpha: float, k: int) -> float:
-    """Leviathan et al. 2023, eq. 1: E[tokens per target call] = (1 - alpha^(k+1)) / (1 - alpha)."""
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
-
-
-def expected_speedup(alpha: float, k: int, cost_ratio: float, verify_ratio: float = 1.0) -> float:
-    """Speedup over plain decoding when one round costs ``k * cost_ratio`` draft steps plus one
-    verification (``verify_ratio`` target steps: a (k+1)-token forward costs about one decode step
-    when decoding is bound by reading the weights)."""
-    return expected_tokens_per_round(alpha, k) / (k * cost_ratio + verify_ratio)
-
-
-def write_truncated_draft(model_path, n_layers: int, dest) -> Path:
-    """A layer-truncated copy of a Llama/Mistral checkpoint (the first ``n_layers`` blocks, the
-    embeddings, final norm and LM head), written once to ``dest`` as a checkpoint directory."""
-    src, dest = resolve_model_path(model_path), Path(dest)
-    cfg = load_config(src)
-    if not 1 <= n_layers <= cfg["num_hidden_layers"]:
-        raise ValueError(f"n_layers={n_layers}: choose 1..{cfg['num_hidden_layers']}")
-    if (dest / "config.json").is_file() and json.loads((dest / "config.json").read_text()).get(
-            "num_hidden_layers") == n_layers:
-        return dest
-    dest.mkdir(parents=True, exist_ok=True)
-    state = {n: t.contiguous() for n, t in load_state_dict(src).items()
-             if not n.startswith("model.layers.") or int(n.split(".")[2]) < n_layers}
-    save_file(state, str(dest / "model.safetensors"), metadata={"format": "pt"})
-    (dest / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": n_layers}, indent=2))
-    return dest

@@ -1,26 +1,23 @@
-"""One rank's weights: the checkpoint's tensors fused (q/k/v and gate/up, as Neuron's ``fuse_qkv``),
-cast, and sharded for tensor parallelism.
-
-As in transformers-neuronx / NxD Inference (Megatron-style): q/k/v and gate/up are column-parallel,
-o and down are row-parallel, the LM head is vocabulary-parallel; query heads are padded up to a
-multiple of ``tp_degree`` and KV heads replicated or split as the GQA strategy says
-(``helpers.planning.gqa``). At tp=1 without a GQA setting the tensors are the checkpoint's own.
-"""
+"""One rank's weights: the checkpoint's tensors fused (q/k/v and gate/up, as Neuron's ``fuse_qkv``), cast and
+sharded Megatron-style: q/k/v and gate/up column-parallel, o and down row-parallel, the LM head
+vocabulary-parallel, heads padded or replicated as the GQA strategy says (``helpers.planning.gqa``)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from ..planning.gqa import HeadLayout, resolve_layout, round_up
 from .config import ModelArgs
-from .kernels import CpuWeight
 
 
 def stored(w):
-    """The tensor a weight keeps: a :class:`CpuWeight`'s column-major matrix, else the weight itself (a tensor,
-    or an int8 ``helpers.engine.quant.QuantWeight``)."""
-    return w.dense if isinstance(w, CpuWeight) else w
+    """The tensor a weight keeps: a ``model.Linear``'s or ``helpers.engine.cpu.kernels.CpuWeight``'s ``dense``, else
+    the weight itself (a tensor, or an int8 ``helpers.engine.quant.QuantWeight``)."""
+    return getattr(w, "dense", w)
+
+
+MATRICES = ("wqkv", "wo", "w13", "w2")  # a layer's matmul weights, in the order a step reads them
 
 
 @dataclass
@@ -35,6 +32,15 @@ class LayerWeights:
     bo: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class RankShard:
+    """Where one rank's weights sit in a tensor-parallel (or GQA) layout: what ``helpers.parallel``'s attention
+    reads."""
+    layout: HeadLayout
+    rank: int
+    qkv_cols: tuple[int, int, int]  # the fused QKV projection's q, k and v output columns on this rank
+
+
 @dataclass
 class RankWeights:
     """One rank's shard. ``n_q``/``n_kv`` are this rank's (padded) head counts."""
@@ -46,7 +52,7 @@ class RankWeights:
     n_kv: int
     vocab_size: int         # the unpadded vocabulary (gathered logits are cut to it)
     kv_group: torch.Tensor | None = None  # per local q head: index of its local kv head (None: n_q // n_kv groups)
-    extra: dict = field(default_factory=dict)
+    shard: RankShard | None = None  # the layout followed (tp > 1 or a GQA setting)
 
     @property
     def tied(self) -> bool:
@@ -55,14 +61,15 @@ class RankWeights:
 
     def matrices(self) -> list:
         """The matrices a decode step streams, in the order it reads them (per layer, then the LM head)."""
-        return [t for L in self.layers for t in (L.wqkv, L.wo, L.w13, L.w2)] + [self.lm_head]
+        return [getattr(L, n) for L in self.layers for n in MATRICES] + [self.lm_head]
 
     def relayout(self, make) -> None:
-        """Replace every matrix by ``make(matrix)`` (a tied embedding follows the LM head's stored tensor)."""
+        """Replace every matrix by ``make(its stored tensor)`` (a tied embedding follows the LM head's)."""
         tied = self.tied
         for L in self.layers:
-            L.wqkv, L.wo, L.w13, L.w2 = (make(t) for t in (L.wqkv, L.wo, L.w13, L.w2))
-        self.lm_head = make(self.lm_head)
+            for n in MATRICES:
+                setattr(L, n, make(stored(getattr(L, n))))
+        self.lm_head = make(stored(self.lm_head))
         if tied:  # one tensor serves both (an embedding row gather reads 576 strided floats: cheap)
             self.embed = stored(self.lm_head)
 
@@ -101,8 +108,8 @@ def _heads(t: torch.Tensor, heads, head_dim: int, dim: int) -> torch.Tensor:
 def shard_state(state, args: ModelArgs, dtype: torch.dtype, rank: int = 0, tp: int = 1, gqa=None,
                 batch_size: int | None = None) -> RankWeights:
     """One rank's weights. ``gqa``: a strategy (resolved here, with the library's fallbacks) or a HeadLayout.
-    ``extra`` records the layout, the rank and the fused QKV split whenever there is a layout to follow
-    (tp > 1 or a GQA setting): what ``helpers.parallel``'s attention reads."""
+    ``shard`` records the layout, the rank and the fused QKV split whenever there is a layout to follow
+    (tp > 1 or a GQA setting)."""
     layout = gqa if isinstance(gqa, HeadLayout) else resolve_layout(
         args.n_heads, args.n_kv_heads, args.head_dim, tp, batch_size, gqa)
     if layout.tp != tp:
@@ -140,18 +147,19 @@ def shard_state(state, args: ModelArgs, dtype: torch.dtype, rank: int = 0, tp: i
     embed = get("model.embed_tokens.weight")
     lm = embed if args.tie_word_embeddings or "lm_head.weight" not in state else get("lm_head.weight")
     kv_group = layout.kv_group(rank)
-    extra = {"layout": layout, "rank": rank, "qkv_cols": (q.shape[0], k.shape[0], v.shape[0])}
+    shard = RankShard(layout, rank, (q.shape[0], k.shape[0], v.shape[0]))
     return RankWeights(
         embed=embed, norm=get("model.norm.weight"), lm_head=_chunk(lm, 0, tp, rank), layers=layers,
         n_q=args.n_heads if mode == "batch" else len(q_heads), n_kv=len(kv_heads), vocab_size=args.vocab_size,
         kv_group=None if kv_group is None else torch.tensor(kv_group),
-        extra=extra if tp > 1 or gqa is not None else {})
+        shard=shard if tp > 1 or gqa is not None else None)
 
 
 def weight_breakdown(w: RankWeights) -> dict:
-    """Bytes of one rank's weights by part (the embedding is replicated; tnx keeps it on the host)."""
+    """Bytes of one rank's weights by part (the embedding is replicated; tnx keeps it on the host). A weight object
+    counts its stored matrix (int8: values and scales)."""
     nbytes = lambda t: 0 if t is None else t.nbytes  # noqa: E731
-    layers = sum(nbytes(getattr(L, n)) for L in w.layers for n in ("wqkv", "wo", "w13", "w2", "bqkv", "bo"))
+    layers = sum(nbytes(getattr(L, n)) for L in w.layers for n in MATRICES + ("bqkv", "bo"))
     norms = nbytes(w.norm) + sum(nbytes(L.ln1) + nbytes(L.ln2) for L in w.layers)
     lm_head = 0 if w.tied else nbytes(w.lm_head)
     return {"embedding": nbytes(w.embed), "layers": layers, "norms": norms, "lm_head": lm_head}
@@ -178,5 +186,4 @@ def move_weights(w: RankWeights, device: torch.device) -> RankWeights:
     for L in w.layers:
         for name, t in list(vars(L).items()):
             setattr(L, name, mv(t))
-    w.extra = {k: mv(v) for k, v in w.extra.items()}
     return w

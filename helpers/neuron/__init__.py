@@ -8,6 +8,8 @@ The SDK itself is imported only inside the functions that call it: this package 
 - ``settings``: the notebook's settings as each stack's keywords (:func:`neuron_settings`, pure)
 - ``build``: :func:`build_neuron_model` (compile or load), checkpoints the pinned transformers read
 - ``sampler``: ``NeuronSampler.sample()`` with the reference engine's signature on both stacks
+- ``tracking``: a streamer that records each token and criteria that see them (the transformers-neuronx #75
+  workaround, on every backend)
 """
 from ..engine.sampling import start_ids_from_mask
 from .build import (build_neuron_model, check_nxdi_compiled_dir, default_compiled_dir, neuron_model_dir,

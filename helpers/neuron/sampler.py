@@ -12,8 +12,7 @@ from transformers import GenerationConfig, StoppingCriteriaList
 
 from ..engine.sampling import (eos_list, resolve_eos, resolve_pad, start_ids_from_mask, validate_input_ids,
                                validate_sampling_args)
-from ..engine.stopping import TrackedCriteria
-from ..engine.streaming import TokenRecorder
+from .tracking import TokenRecorder, TrackedCriteria
 from ..planning.buckets import tnx_token_buckets
 from .settings import NeuronSettings
 

@@ -8,6 +8,7 @@ what cannot be expressed is refused.
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 from pathlib import Path
 
 from ..engine.config import NeuronConfig, reject_unknown
@@ -131,6 +132,16 @@ def neuron_settings(stack: str, *, batch_size: int = 1, n_positions=2048, tp_deg
     if device not in (None, "cpu"):
         raise ValueError(f"device={device!r} is a reference-engine setting: on Neuron the model runs on "
                          "NeuronCores (choose them with tp_degree / NEURON_RT_VISIBLE_CORES)")
+    c = _common_settings(batch_size, n_positions, tp_degree, amp, context_length_estimate, neuron_config,
+                         speculation_length, instance_family)
+    if stack == "tnx":
+        return _tnx_settings(c, nxdi_overrides, quantized_checkpoints_path)
+    return _nxdi_settings(c, nxdi_overrides, quantized_checkpoints_path)
+
+
+def _common_settings(batch_size, n_positions, tp_degree, amp, context_length_estimate, neuron_config,
+                     speculation_length, instance_family) -> SimpleNamespace:
+    """The settings both stacks read, checked: counts, buckets, GQA, int8 fields, the NeuronConfig flags."""
     torch_dtype = amp_torch_name(amp)  # refuses an unknown amp
     batch_size, tp_degree, speculation_length = int(batch_size), int(tp_degree), int(speculation_length)
     if batch_size < 1 or tp_degree < 1 or speculation_length < 0:
@@ -164,50 +175,59 @@ def neuron_settings(stack: str, *, batch_size: int = 1, n_positions=2048, tp_deg
     if getattr(nc, "compiled", False):
         notes.append("neuron_config.compiled is a reference-engine option (torch.export / AOTInductor graphs); "
                      "Neuron always compiles")
+    return SimpleNamespace(amp=amp, torch_dtype=torch_dtype, batch_size=batch_size, tp_degree=tp_degree,
+                           speculation_length=speculation_length, n_positions=n_positions,
+                           context_length_estimate=context_length_estimate, tokens=tokens, contexts=contexts, gqa=gqa,
+                           qfields=qfields, fuse_qkv=fuse_qkv, on_device_embedding=on_device_embedding, notes=notes)
 
-    if stack == "tnx":
-        if nxdi_overrides:
-            raise ValueError("nxdi_overrides only apply to neuron_stack='nxdi'")
-        if quantized_checkpoints_path is not None:
-            raise ValueError("quantized_checkpoints_path is an NxD Inference setting: transformers-neuronx "
-                             "quantizes while loading the checkpoint")
-        ncfg = {"fuse_qkv": fuse_qkv, "on_device_embedding": on_device_embedding, "padding_side": "left"}
-        if gqa is not None:
-            ncfg["group_query_attention"] = gqa
-        q = None
-        if qfields is not None:
-            q = dict(qfields)
-            q.setdefault("dequant_dtype", amp)  # QuantizationConfig's default is 'f16': follow amp instead
-            if q["dequant_dtype"] != amp:
-                raise ValueError(f"dequant_dtype={q['dequant_dtype']!r} with amp={amp!r}: transformers-neuronx needs "
-                                 "them equal (guide: 'When using quantization, amp type must match dequant type'): "
-                                 f"set dequant_dtype={amp!r} or leave it out (it follows amp)")
-        model_kwargs = {"batch_size": batch_size, "n_positions": n_positions if isinstance(n_positions, int)
-                        else list(tokens), "tp_degree": tp_degree, "amp": amp,
-                        "context_length_estimate": context_length_estimate if not isinstance(
-                            context_length_estimate, (list, tuple)) else list(contexts)}
-        return NeuronSettings("tnx", model_kwargs, ncfg, q, speculation_length, notes)
 
-    # NxD Inference
-    if context_length_estimate is None:
+def _tnx_settings(c: SimpleNamespace, nxdi_overrides, quantized_checkpoints_path) -> NeuronSettings:
+    """transformers-neuronx's keywords for the checked settings ``c``."""
+    if nxdi_overrides:
+        raise ValueError("nxdi_overrides only apply to neuron_stack='nxdi'")
+    if quantized_checkpoints_path is not None:
+        raise ValueError("quantized_checkpoints_path is an NxD Inference setting: transformers-neuronx "
+                         "quantizes while loading the checkpoint")
+    ncfg = {"fuse_qkv": c.fuse_qkv, "on_device_embedding": c.on_device_embedding, "padding_side": "left"}
+    if c.gqa is not None:
+        ncfg["group_query_attention"] = c.gqa
+    q = None
+    if c.qfields is not None:
+        q = dict(c.qfields)
+        q.setdefault("dequant_dtype", c.amp)  # QuantizationConfig's default is 'f16': follow amp instead
+        if q["dequant_dtype"] != c.amp:
+            raise ValueError(f"dequant_dtype={q['dequant_dtype']!r} with amp={c.amp!r}: transformers-neuronx needs "
+                             "them equal (guide: 'When using quantization, amp type must match dequant type'): "
+                             f"set dequant_dtype={c.amp!r} or leave it out (it follows amp)")
+    model_kwargs = {"batch_size": c.batch_size, "n_positions": c.n_positions if isinstance(c.n_positions, int)
+                    else list(c.tokens), "tp_degree": c.tp_degree, "amp": c.amp,
+                    "context_length_estimate": c.context_length_estimate if not isinstance(
+                        c.context_length_estimate, (list, tuple)) else list(c.contexts)}
+    return NeuronSettings("tnx", model_kwargs, ncfg, q, c.speculation_length, c.notes)
+
+
+def _nxdi_settings(c: SimpleNamespace, nxdi_overrides, quantized_checkpoints_path) -> NeuronSettings:
+    """NxD Inference's NeuronConfig keywords for the checked settings ``c``."""
+    contexts, tokens, notes, qfields = c.contexts, c.tokens, c.notes, c.qfields
+    if c.context_length_estimate is None:
         # transformers-neuronx's default (half of each token bucket) is not NxDI's: with no
         # context_encoding_buckets and max_context_length = seq_len, NxDI builds generate_buckets(128, seq_len)
         # (modules/autobucketing.py generate_buckets_for_cte). Passed explicitly, so both read the same list.
         contexts = nxdi_generate_buckets(min(128, max(tokens)), max(tokens))
-    ncfg = {"batch_size": batch_size, "seq_len": max(tokens), "max_context_length": max(contexts) if contexts
-            else max(tokens), "tp_degree": tp_degree, "torch_dtype": torch_dtype,
+    ncfg = {"batch_size": c.batch_size, "seq_len": max(tokens), "max_context_length": max(contexts) if contexts
+            else max(tokens), "tp_degree": c.tp_degree, "torch_dtype": c.torch_dtype,
             "enable_bucketing": True, "token_generation_buckets": list(tokens),
-            "padding_side": "right", "fused_qkv": fuse_qkv}
+            "padding_side": "right", "fused_qkv": c.fuse_qkv}
     if contexts:
         ncfg["context_encoding_buckets"] = list(contexts)
     else:
         notes.append("context_length_estimate <= 0 disables context encoding on transformers-neuronx; NxD "
                      "Inference always has a context-encoding model: using max_context_length=seq_len")
-    if gqa is not None:
-        notes.append(f"group_query_attention={gqa!r} is a transformers-neuronx option: NxD Inference 0.8 has no "
+    if c.gqa is not None:
+        notes.append(f"group_query_attention={c.gqa!r} is a transformers-neuronx option: NxD Inference 0.8 has no "
                      "such knob and picks REPLICATE_TO_TP_DEGREE, or CONVERT_TO_MHA when tp_degree % kv_heads "
                      "!= 0 (modules/attention/gqa.py determine_sharding_strategy)")
-    if on_device_embedding:
+    if c.on_device_embedding:
         notes.append("on_device_embedding is a transformers-neuronx option; NxD Inference embeds on device")
     if qfields is not None:
         if qfields.get("quantize_method", "vector_dynamic") != "vector_dynamic":
@@ -228,8 +248,8 @@ def neuron_settings(stack: str, *, batch_size: int = 1, n_positions=2048, tp_deg
                     # meaningless logits (application_base.py get_state_dict, neuronx-distributed
                     # trace/model_builder.py cast_weights). Keep the LM head in float.
                     modules_to_not_convert=["lm_head"])
-    if speculation_length:
-        ncfg["speculation_length"] = speculation_length + 1  # the library's k: drafts + 1 (see NeuronSettings)
+    if c.speculation_length:
+        ncfg["speculation_length"] = c.speculation_length + 1  # the library's k: drafts + 1 (see NeuronSettings)
     overrides = dict(nxdi_overrides or {})
     refuse_unknown(overrides, NXDI_NEURON_CONFIG_KEYS, "nxdi_overrides (NxD Inference NeuronConfig)")
     ncfg.update(overrides)
@@ -238,7 +258,7 @@ def neuron_settings(stack: str, *, batch_size: int = 1, n_positions=2048, tp_deg
         raise ValueError(f"modules_to_not_convert={ncfg.get('modules_to_not_convert')!r} quantizes lm_head: on a model "
                          "with tied embeddings NxD Inference 0.8 loads the float embedding into the int8 head "
                          "(cast to int8: nearly all zeros). Keep 'lm_head' in modules_to_not_convert")
-    return NeuronSettings("nxdi", {}, ncfg, None, speculation_length, notes)
+    return NeuronSettings("nxdi", {}, ncfg, None, c.speculation_length, notes)
 
 
 # The int8 modes each pinned Neuron stack stores weights in, as helpers.build_model(bk, ...) builds them.

@@ -12,5 +12,6 @@ Layer: the top floor; may import every layer below (``helpers.parallel``, ``help
 - ``streaming``, ``stopping``, ``speculation``, ``timing``: the measurements of notebooks 03, 04 and 05 (token
   latency, criteria runs, speculation sweeps and distribution checks, the cost of one step by the rows it carries)
 - ``lmi``: the DJL LMI ``serving.properties`` of the notebook's settings
+- ``quant_formats``: what each 8-bit format keeps of the weights (notebook 06)
 - ``metrics``, ``provenance``: the figures a notebook writes, and what produced them
 """

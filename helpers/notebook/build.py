@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from ..artifacts.model import NeuronModel
 from ..neuron.build import build_neuron_model
-from ..parallel.model import ParallelModel  # noqa: F401  (imported, it declares itself the tensor-parallel class)
+from ..parallel.model import ParallelModel
 from .backend import Backend
 
 
 def reference_class(tp_degree: int = 1) -> type[NeuronModel]:
-    """The reference engine for a tensor-parallel degree (``NeuronModel.class_for``): ``NeuronModel`` (one process)
-    at 1, ``helpers.parallel.ParallelModel`` (one process per rank; same API, save/load included) above."""
-    return NeuronModel.class_for(int(tp_degree))
+    """The reference engine for a tensor-parallel degree: ``NeuronModel`` (one process) at 1,
+    ``helpers.parallel.ParallelModel`` (one process per rank; same API, save/load included) above."""
+    return ParallelModel if int(tp_degree) > 1 else NeuronModel
 
 
 def build_model(bk: Backend, model_path=None, **settings):

@@ -26,7 +26,7 @@ def eval_text() -> str:
 @torch.inference_mode()
 def sequence_logits(model: CausalLM, input_ids: torch.Tensor) -> torch.Tensor:
     """Logits [T, vocab] of every position of one sequence [1, T] (T <= n_positions), f32."""
-    m = model._require_built()
+    m = model.require_built()
     ids = torch.as_tensor(input_ids).reshape(1, -1).to(model.device)
     T = ids.shape[1]
     if T > model.n_positions:

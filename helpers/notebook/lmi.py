@@ -104,6 +104,27 @@ def lmi_config(model_id: str, *, tp_degree: int, n_positions, batch_size: int = 
                "tensor_parallel_degree": int(tp_degree), "max_rolling_batch_size": int(batch_size),
                "model_loading_timeout": int(model_loading_timeout), "n_positions": int(n_positions)}
     notes: list[str] = []
+    _engine_options(options, n_positions, context_length_estimate, neuron_config)
+    if compiled_graph_path is not None:
+        if not isinstance(compiled_graph_path, str) or not compiled_graph_path.strip():
+            raise ValueError("compiled_graph_path: an s3:// URI or a local folder holding the NEFFs model.save(dir) wrote")
+        options["compiled_graph_path"] = compiled_graph_path
+        notes.append("compiled_graph_path: LMI calls load(path) before to_neuron(); its NEFFs must come from the same "
+                     "settings LMI builds with (batch, buckets, tp degree, amp, neuronx-cc version"
+                     + (", and continuous batching: rolling_batch='auto' compiles other graphs than a plain "
+                        "LlamaForSampling)" if rolling_batch != "disable" else ")") + ", else LMI compiles again")
+    if load_split_model:
+        options["load_split_model"] = True
+    for name in ("fuse_qkv", "compiled"):
+        if getattr(neuron_config, name, False):
+            notes.append(f"neuron_config.{name} is a build detail with no LMI option: not exported")
+    unknown = [k for k in options if k not in TEMPLATE_OPTIONS + ADVANCED_OPTIONS]
+    assert not unknown, unknown
+    return LMIConfig(options, notes=notes)
+
+
+def _engine_options(options: dict, n_positions, context_length_estimate, neuron_config) -> None:
+    """Add the context buckets, GQA strategy and int8 setting to ``options``; refuse what LMI cannot express."""
     if context_length_estimate is not None:
         cle = [int(c) for c in (context_length_estimate if isinstance(context_length_estimate, (list, tuple))
                                 else [context_length_estimate])]
@@ -134,19 +155,3 @@ def lmi_config(model_id: str, *, tp_degree: int, n_positions, batch_size: int = 
         raise ValueError("on_device_embedding=True has no LMI option: drop it for the LMI deployment (so LMI cannot "
                          "load presharded weights saved with save(dir, sharded_weights=True); point model_id at the "
                          "checkpoint and compiled_graph_path at NEFFs saved without on_device_embedding)")
-    if compiled_graph_path is not None:
-        if not isinstance(compiled_graph_path, str) or not compiled_graph_path.strip():
-            raise ValueError("compiled_graph_path: an s3:// URI or a local folder holding the NEFFs model.save(dir) wrote")
-        options["compiled_graph_path"] = compiled_graph_path
-        notes.append("compiled_graph_path: LMI calls load(path) before to_neuron(); its NEFFs must come from the same "
-                     "settings LMI builds with (batch, buckets, tp degree, amp, neuronx-cc version"
-                     + (", and continuous batching: rolling_batch='auto' compiles other graphs than a plain "
-                        "LlamaForSampling)" if rolling_batch != "disable" else ")") + ", else LMI compiles again")
-    if load_split_model:
-        options["load_split_model"] = True
-    for name in ("fuse_qkv", "compiled"):
-        if getattr(nc, name, False):
-            notes.append(f"neuron_config.{name} is a build detail with no LMI option: not exported")
-    unknown = [k for k in options if k not in TEMPLATE_OPTIONS + ADVANCED_OPTIONS]
-    assert not unknown, unknown
-    return LMIConfig(options, notes=notes)

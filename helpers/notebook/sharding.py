@@ -28,7 +28,7 @@ def rank_memory(model) -> list[dict]:
     if getattr(model, "rank_reports", None):
         return model.rank_reports
     m = model.model
-    layout = m.w.extra.get("layout")  # set when a GQA strategy was requested (helpers.parallel.shard_state_tp)
+    layout = m.w.shard and m.w.shard.layout  # set when a GQA strategy was requested
     return [{"rank": 0, "weight_bytes": model.weight_bytes, "weights": weight_breakdown(m.w),
              "kv_bytes": model.kv_cache_bytes, "kv_cache_shape": list(m.cache.k.shape),
              "q_heads": list(layout.q_heads[0]) if layout else list(range(model.args.n_heads)),

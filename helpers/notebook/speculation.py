@@ -11,7 +11,8 @@ Neuron (whose ``sample()`` does not report acceptance).
 Also: the checks that sampling through a speculation window keeps the target's distribution (total-variation
 distance between counts of seeded runs, and the distance chance alone stays under), and the sweeps over ``k`` of
 ``ci/bench_speculative.py`` (:func:`sweep_k`, :func:`sampler_sweep_k`). The generator, drafts and acceptance rules
-are the engine's: ``helpers.engine.speculative``.
+are the engine's (``helpers.engine.speculative``), but for :func:`accept_always_broken`, the wrong rule the
+distribution checks must catch.
 """
 from __future__ import annotations
 
@@ -21,9 +22,28 @@ import time
 
 import torch
 
-from ..engine.speculative import SpeculativeGenerator, expected_speedup
+from ..engine.speculative import SpeculativeGenerator
 from .figures import Spread
 from .timing import step_seconds
+
+
+def accept_always_broken(draft, q, p, generator=None) -> tuple[int, int]:
+    """A deliberately WRONG rule (keeps every draft): used to show the distribution tests fail."""
+    return draft.numel(), int(torch.multinomial(p[-1], 1, generator=generator))
+
+
+def expected_tokens_per_round(alpha: float, k: int) -> float:
+    """Leviathan et al. 2023, eq. 1: E[tokens per target call] = (1 - alpha^(k+1)) / (1 - alpha)."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def expected_speedup(alpha: float, k: int, cost_ratio: float, verify_ratio: float = 1.0) -> float:
+    """Speedup over plain decoding when one round costs ``k * cost_ratio`` draft steps plus one
+    verification (``verify_ratio`` target steps: a (k+1)-token forward costs about one decode step
+    when decoding is bound by reading the weights)."""
+    return expected_tokens_per_round(alpha, k) / (k * cost_ratio + verify_ratio)
 
 
 class GeneratorSampler:

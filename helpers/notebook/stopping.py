@@ -1,8 +1,8 @@
-"""Notebook 04's measurements of stopping criteria: transformers-neuronx's calling convention (#75) reproduced on
-the reference engine, ``sample()`` timed with criteria, when a criterion fires, and stopped outputs checked
+"""Notebook 04's stopping criteria and their measurements: a custom criterion (:class:`RepeatedNgramCriteria`),
+transformers-neuronx's calling convention (#75) reproduced on the reference engine, ``sample()`` timed with criteria, when a criterion fires, and stopped outputs checked
 against the unstopped run.
 
-The criteria contract and the workaround for #75 are the engine's: ``helpers.engine.stopping``.
+The workaround for #75 is ``helpers.neuron.tracking``.
 """
 from __future__ import annotations
 
@@ -10,6 +10,26 @@ import time
 
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
+
+
+class RepeatedNgramCriteria(StoppingCriteria):
+    """A custom criterion: stop a row once its last ``n`` tokens already appeared ``max_repeats``
+    times among its generated tokens (a degenerate loop)."""
+
+    def __init__(self, prompt_len: int, n: int = 4, max_repeats: int = 2):
+        if n < 1 or max_repeats < 1:
+            raise ValueError("n and max_repeats must be >= 1")
+        self.prompt_len, self.n, self.max_repeats = prompt_len, n, max_repeats
+
+    def __call__(self, input_ids: torch.Tensor, scores=None, **kwargs) -> torch.BoolTensor:
+        gen = input_ids[:, self.prompt_len:]
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        if gen.shape[1] < self.n * (self.max_repeats + 1):
+            return done
+        windows = gen.unfold(1, self.n, 1)                     # [B, W, n]
+        last = windows[:, -1:, :]
+        count = (windows[:, :-1, :] == last).all(-1).sum(-1)   # earlier occurrences of the last n-gram
+        return count >= self.max_repeats
 
 
 class PromptOnlyCall(StoppingCriteria):

@@ -3,7 +3,7 @@ backends, what a library's generate hands its streamer, latency figures, a consu
 streaming costs.
 
 The streamer contract (``put`` of a (batch, 1) tensor per step, ``end`` once) and the recorder behind
-:class:`TimingStreamer` are the engine's: ``helpers.engine.streaming``.
+:class:`TimingStreamer` are ``helpers.neuron.tracking``'s.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import time
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from ..engine.streaming import TokenRecorder
+from ..neuron.tracking import TokenRecorder
 
 
 class TimingStreamer(TokenRecorder):

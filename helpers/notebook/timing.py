@@ -4,9 +4,9 @@ and the benchmark's step table (``ci/benchmark.py``), measured one way for both.
 A step over several rows is either decode at batch ``b`` (a model built with ``batch_size=b``, one token
 per sequence) or the verification of ``k + 1`` tokens of one sequence (a model with the speculative graph,
 ``enable_speculative_decoder``). Either reads every weight once, so on Neuron, and with the CPU kernels of
-``helpers.engine.kernels``, it should cost little more than a one-row step.
+``helpers.engine.cpu.kernels``, it should cost little more than a one-row step.
 
-It times the engine's own fixed-shape step (``CausalLM._step``), with no sampling loop around it.
+It times the engine's own fixed-shape step (``CausalLM.step``), with no sampling loop around it.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def step_seconds(cases: dict, position: int = 128, repeats: int = 7, seed: int =
                              f"not {tokens}: time it with tokens={model.speculation_length + 1} or build eager")
         if position + tokens > model.n_positions:
             raise ValueError(f"{label}: slots {position}..{position + tokens - 1} exceed n_positions={model.n_positions}")
-        model._require_built()
+        model.require_built()
         ids = torch.randint(10, 1000, (model.batch_size, tokens), generator=g).to(model.device)
         start = torch.zeros(model.batch_size, dtype=torch.long, device=model.device)
         runs[label] = (model, ids, start, "token" if tokens == 1 else "speculative")
@@ -49,8 +49,8 @@ def step_seconds(cases: dict, position: int = 128, repeats: int = 7, seed: int =
         for r in range(repeats + 1):
             for label, (model, ids, start, kind) in runs.items():
                 t0 = time.perf_counter()
-                model._step(ids, start, position, kind)
-                model._sync()
+                model.step(ids, start, position, kind)
+                model.sync()
                 if r:
                     times[label].append(time.perf_counter() - t0)
     return {label: {"median": statistics.median(ts), "min": min(ts), "max": max(ts), "n": len(ts)}

@@ -15,16 +15,14 @@ Each rank is a separate process that holds only its shard and its own KV cache; 
 loop and sends each fixed-shape step to the ranks. With ``NeuronConfig(compiled="export"|"aoti")`` each
 rank builds its own graphs per bucket (``helpers.artifacts``: attention and MLP units cut at the
 all-reduces, so a graph holds no collective) and saves / loads them under its rank's file names.
-Ranks are started with ``torch.multiprocessing`` (spawn), or are the processes of a ``torchrun`` job::
+Ranks are started with ``torch.multiprocessing``; from the command line::
 
     python -m helpers.parallel --tp-degree 2 --max-new-tokens 16 --check
-    torchrun --nproc-per-node 2 -m helpers.parallel --max-new-tokens 16 --check
 
 Modules: ``collectives`` (``DistComm``, ``ParallelTransformer``: the attention dataflows that exchange
-data between ranks), ``ranks`` (a rank's server and the rank processes, spawned or a torchrun job),
+data between ranks), ``ranks`` (a rank's server and the rank processes),
 ``model`` (``ParallelModel``, the driver), ``cli`` (the command line).
 """
 from .model import ParallelModel
-from .ranks import serve_torchrun
 
-__all__ = ["ParallelModel", "serve_torchrun"]
+__all__ = ["ParallelModel"]

@@ -1,10 +1,9 @@
 """The command line: greedy generation with the tensor-parallel reference engine, optionally checked
-against tp_degree=1 (``python -m helpers.parallel``, or ``torchrun --nproc-per-node N -m helpers.parallel``).
+against tp_degree=1 (``python -m helpers.parallel``).
 """
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 
@@ -13,12 +12,11 @@ from ..engine.config import NeuronConfig
 from ..model_store import load_tokenizer
 from ..prompts import encode_prompts
 from .model import ParallelModel
-from .ranks import _torchrun_env, serve_torchrun
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="Greedy generation with the tensor-parallel reference engine.")
-    p.add_argument("--tp-degree", type=int, default=None, help="ranks (default: torchrun's world size, else 2)")
+    p.add_argument("--tp-degree", type=int, default=2, help="ranks (processes)")
     p.add_argument("--model-path", default=None, help="local HF checkpoint dir (default: embedded SmolLM2)")
     p.add_argument("--prompt", default="What is tensor parallelism?")
     p.add_argument("--max-new-tokens", type=int, default=16)
@@ -29,10 +27,7 @@ def main(argv=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--check", action="store_true", help="compare with tp_degree=1 (needs the whole model on rank 0)")
     a = p.parse_args(argv)
-    if _torchrun_env() and int(os.environ["RANK"]) != 0:
-        serve_torchrun(a.device)
-        return
-    tp = a.tp_degree or (int(os.environ["WORLD_SIZE"]) if _torchrun_env() else 2)
+    tp = a.tp_degree
     tok = load_tokenizer(a.model_path)
     enc = encode_prompts(tok, [a.prompt], a.batch_size)
     seq_len = enc.input_ids.shape[1] + a.max_new_tokens

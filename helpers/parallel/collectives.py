@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..engine.model import Comm, Transformer, linear
+from ..engine.model import Comm, Transformer
 from ..engine.weights import RankWeights
 from ..planning.gqa import HeadLayout
 
@@ -41,16 +41,16 @@ class ParallelTransformer(Transformer):
     """One rank's forward; SHARD_OVER_BATCH and ALL_GATHER_HEADS need their own attention dataflow."""
 
     def __init__(self, args, w: RankWeights, comm, batch_size, n_positions, device, dtype):
-        layout: HeadLayout = w.extra["layout"]
+        layout: HeadLayout = w.shard.layout
         rows = batch_size // layout.tp if layout.kv_mode == "batch" else batch_size
         super().__init__(args, w, comm, rows, n_positions, device, dtype)
-        self.layout, self.rank, self.cols = layout, w.extra["rank"], w.extra["qkv_cols"]
+        self.layout, self.rank, self.cols = layout, w.shard.rank, w.shard.qkv_cols
 
     def qkv(self, L, h):
         if self.layout.kv_mode == "heads":
             return super().qkv(L, h)
         qc, kc, _ = self.cols
-        qkv = linear(h, L.wqkv, L.bqkv)
+        qkv = L.wqkv.linear(h, L.bqkv)
         q, k, v = qkv[..., :qc], qkv[..., qc:qc + kc], qkv[..., qc + kc:]
         if self.layout.kv_mode == "gather":  # this rank's K/V columns -> its group's whole KV head
             k = self.comm.all_gather(k, dim=-1, group=self.comm.kv_group)

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from ..artifacts.graphs import artifact_mode
 from ..artifacts.manifest import read_manifest
@@ -15,7 +14,7 @@ from ..artifacts.model import LOAD_AFTER_BUILD, NeuronModel
 from ..artifacts.presharded import check_rank_weights
 from ..artifacts.serialization import check_compile, check_save, graph_fields, weights_meta, write_settings
 from ..planning.gqa import HeadLayout, resolve_layout
-from .ranks import _init_torchrun, _RankServer, _SpawnedRanks, _TorchrunRanks, _torchrun_env
+from .ranks import Ranks
 
 
 def _layout_meta(layout: HeadLayout, rank: int) -> dict:
@@ -50,7 +49,7 @@ class _RemoteStep:
         return self.ranks.call("forward", payload)[0].to(self.device)
 
 
-class ParallelModel(NeuronModel, tensor_parallel=True):
+class ParallelModel(NeuronModel):
     """``NeuronModel`` with ``tp_degree`` ranks in their own processes (transformers-neuronx's ``tp_degree``).
 
     ``rank_reports`` (after ``to_neuron``) lists what each rank holds: query/KV heads, weight and KV-cache
@@ -96,17 +95,9 @@ class ParallelModel(NeuronModel, tensor_parallel=True):
         if self.presharded:  # every rank's file header, before any process starts (as load() checks graphs)
             for r, meta in enumerate(spec["weights_meta"]):
                 check_rank_weights(self.model_path, r, meta)
-        if _torchrun_env():
-            ctrl = _init_torchrun(self.device.type)
-            if dist.get_world_size() != self.tp_degree or dist.get_rank() != 0:
-                raise ValueError(f"torchrun started {dist.get_world_size()} processes (this is rank "
-                                 f"{dist.get_rank()}) but tp_degree={self.tp_degree}: use --nproc-per-node "
-                                 f"{self.tp_degree}; ranks other than 0 run helpers.parallel.serve_torchrun()")
-            self._ranks = _TorchrunRanks(_RankServer(0, self.tp_degree), ctrl)
-        else:
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
-            threads = max(1, torch.get_num_threads() // self.tp_degree)  # the ranks share the driver's threads
-            self._ranks = _SpawnedRanks(self.tp_degree, backend, threads)
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        threads = max(1, torch.get_num_threads() // self.tp_degree)  # the ranks share the driver's threads
+        self._ranks = Ranks(self.tp_degree, backend, threads)
         try:
             self.rank_reports = self._ranks.call("build", spec)
         except BaseException:
@@ -137,7 +128,7 @@ class ParallelModel(NeuronModel, tensor_parallel=True):
         ``graphs-rank{r}.json`` (+ ``weights/tp{r}_sharded_checkpoint.safetensors``); the driver writes the
         settings. Returns {"directory", "graphs" (all ranks), "bytes" (all ranks), "rank_bytes"}."""
         check_save(self, sharded_weights, mark_presharded)
-        ranks = self._require_built()
+        ranks = self.require_built()
         if Path(directory).is_file():  # as transformers-neuronx base.py _save_compiled_artifacts
             raise FileExistsError(f"Artifacts should be saved to a directory. Found existing file: {directory}")
         payload = {"directory": str(directory), "fields": self._graph_fields(), "sharded_weights": sharded_weights,
@@ -173,13 +164,13 @@ class ParallelModel(NeuronModel, tensor_parallel=True):
         """Whether ``to_neuron()`` has run: here, the rank processes hold the model."""
         return self._ranks is not None
 
-    def _require_built(self):
-        super()._require_built()
+    def require_built(self):
+        super().require_built()
         return self._ranks
 
     def all_reduce_latency(self, n: int = 50) -> float:
         """Measured seconds per all-reduce of one decode step's activation (slowest rank)."""
-        return max(self._require_built().call("bench_all_reduce", (n, self.batch_size)))
+        return max(self.require_built().call("bench_all_reduce", (n, self.batch_size)))
 
     @property
     def collectives_per_step(self) -> int:
@@ -188,12 +179,12 @@ class ParallelModel(NeuronModel, tensor_parallel=True):
 
     @property
     def rank_weight_bytes(self) -> list[int]:
-        self._require_built()
+        self.require_built()
         return [r["weight_bytes"] for r in self.rank_reports]
 
     @property
     def rank_kv_bytes(self) -> list[int]:
-        self._require_built()
+        self.require_built()
         return [r["kv_bytes"] for r in self.rank_reports]
 
     @property

@@ -1,11 +1,9 @@
 """The rank runtime: a rank's server (builds its shard and graphs, runs its fixed-shape steps, saves), and the
-rank processes the driver talks to: spawned with ``torch.multiprocessing`` (commands over pipes), or the
-processes of a ``torchrun`` job (commands over a gloo group).
+rank processes the driver talks to (:class:`Ranks`: spawned with ``torch.multiprocessing``, commands over pipes).
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import multiprocessing
 import os
 import pickle
@@ -25,31 +23,15 @@ from ..artifacts.presharded import load_rank_weights
 from ..artifacts.manifest import recorded_kernels
 from ..artifacts.serialization import rank_graphs, save_rank
 from ..engine.config import ModelArgs
-from ..engine.generation import select_kernels
-from ..engine.weights import RankWeights, move_weights, shard_state, weight_breakdown
+from ..engine.generation import select_ops
+from ..engine.weights import move_weights, shard_state, weight_breakdown
 from ..model_store import LazyState, load_config
 from ..planning.dtypes import amp_dtype
 from ..planning.gqa import HeadLayout
 from .collectives import DistComm, ParallelTransformer
 
 COLLECTIVE_TIMEOUT_S = 600  # a rank stuck in a collective longer than this fails instead of hanging
-GATHERED_OPS = {"build", "bench_all_reduce", "save"}  # commands whose every rank's result the driver needs
 NONFATAL_OPS = {"save"}  # commands with no collective: a rank's error leaves every rank usable
-
-
-def _storable(w: RankWeights) -> RankWeights:
-    """The same tensors with the extras safetensors can hold: the layout and rank are settings (checked
-    through the weights' metadata), the fused QKV column split a small tensor."""
-    extra = {k: v for k, v in w.extra.items() if torch.is_tensor(v)}
-    extra["qkv_cols"] = torch.tensor(w.extra["qkv_cols"])
-    return dataclasses.replace(w, extra=extra)
-
-
-def _restored(w: RankWeights, layout: HeadLayout, rank: int) -> RankWeights:
-    """Presharded weights (``_storable``) back into what ``ParallelTransformer`` expects."""
-    w.extra["qkv_cols"] = tuple(int(c) for c in w.extra["qkv_cols"].tolist())
-    w.extra.update(layout=layout, rank=rank)
-    return w
 
 
 class _RankServer:
@@ -72,8 +54,7 @@ class _RankServer:
         args = ModelArgs.from_hf(load_config(spec["model_path"]))
         dtype = amp_dtype(spec["amp"])
         if spec.get("weights_meta"):  # presharded: this rank's file as saved, no fusing / casting / sharding
-            w = _restored(load_rank_weights(spec["model_path"], self.rank, spec["weights_meta"][self.rank]),
-                          layout, self.rank)
+            w = load_rank_weights(spec["model_path"], self.rank, spec["weights_meta"][self.rank], layout)
         else:
             w = shard_state(LazyState(spec["model_path"]), args, dtype, self.rank, self.tp, layout)
         w = move_weights(w, device)
@@ -87,7 +68,7 @@ class _RankServer:
         comm = DistComm(self.rank, self.tp, kv_group)
         g = spec["graphs"]
         recorded = recorded_kernels(g["load_dir"], self.rank) if g["load_dir"] else None  # a load reruns the saved kernels
-        self.model = select_kernels(ParallelTransformer(args, w, comm, spec["batch_size"], spec["n_positions"],
+        self.model = select_ops(ParallelTransformer(args, w, comm, spec["batch_size"], spec["n_positions"],
                                                         device, dtype), spec["neuron_config"].quant, recorded)
         weights_s = time.perf_counter() - t0
         self.graphs, self.build_report, self._workdir = rank_graphs(
@@ -103,7 +84,7 @@ class _RankServer:
         """This rank's graphs and manifest (+ presharded weights) under its rank's file names."""
         meta = p["weights_meta"][self.rank] if p["sharded_weights"] else None
         saved = save_rank(p["directory"], self.graphs, {**p["fields"], "rank": self.rank}, self.build_report,
-                          _storable(self.model.w) if p["sharded_weights"] else None, meta, self.model.kernels_record)
+                          self.model.w if p["sharded_weights"] else None, meta, self.model.ops.record)
         return {"rank": self.rank, **saved}
 
     def bench_all_reduce(self, payload):
@@ -219,7 +200,7 @@ def _mp_context():
     return torch.multiprocessing.get_context("spawn")
 
 
-class _SpawnedRanks:
+class Ranks:
     """The driver's handle on ``tp`` spawned rank processes (commands over pipes, no timeout while idle)."""
 
     def __init__(self, tp: int, backend: str, threads: int):
@@ -270,60 +251,3 @@ class _SpawnedRanks:
 
     def close(self):
         self._finalizer()
-
-
-class _TorchrunRanks:
-    """This process is rank 0 of a torchrun job; the other ranks run :func:`serve_torchrun`."""
-
-    def __init__(self, server: _RankServer, ctrl):
-        self.server, self.ctrl = server, ctrl
-
-    def call(self, op: str, payload) -> list:
-        dist.broadcast_object_list([op, payload], src=0, group=self.ctrl)
-        if op not in GATHERED_OPS:
-            return [self.server.handle(op, payload)] + [None] * (self.server.tp - 1)
-        out = [None] * self.server.tp
-        dist.gather_object(_answer(self.server, op, payload), out, dst=0, group=self.ctrl)
-        for r, (status, value) in enumerate(out):
-            if status == "error":
-                raise _rank_error(r, value)
-        return [value for _, value in out]
-
-    def close(self):
-        dist.broadcast_object_list(["stop", None], src=0, group=self.ctrl)
-
-
-def _answer(server: _RankServer, op: str, payload) -> tuple:
-    """("ok", result) or ("error", info): every rank reaches the gather even when one fails."""
-    try:
-        return "ok", server.handle(op, payload)
-    except Exception as exc:
-        return "error", _error_info(exc)
-
-
-def _torchrun_env() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "LOCAL_RANK" in os.environ)
-
-
-def _init_torchrun(device: str):
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device == "cuda" else "gloo", timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    # commands travel on a gloo group with a long timeout (rank 0 may sit in a notebook or wait for input)
-    return dist.new_group(backend="gloo", timeout=timedelta(days=1))
-
-
-def serve_torchrun(device: str = "cpu"):
-    """Ranks 1.. of a torchrun job: execute rank 0's commands until it says stop."""
-    ctrl = _init_torchrun(device)
-    server = _RankServer(dist.get_rank(), dist.get_world_size())
-    while True:
-        msg = [None, None]
-        dist.broadcast_object_list(msg, src=0, group=ctrl)
-        op, payload = msg
-        if op == "stop":
-            break
-        if op in GATHERED_OPS:
-            dist.gather_object(_answer(server, op, payload), None, dst=0, group=ctrl)
-        else:
-            server.handle(op, payload)
-    dist.destroy_process_group()

@@ -124,7 +124,7 @@ class Arrivals:
 
     def __init__(self, model: CausalLM, requests: list[Request]):
         check_fits(model, requests)
-        self.clock = ServingClock(model._sync)
+        self.clock = ServingClock(model.sync)
         self.pending = deque(sorted(requests, key=lambda r: (r.arrival_s, r.rid)))
         self.waiting: deque[Request] = deque()
         self.t0 = self.pending[0].arrival_s

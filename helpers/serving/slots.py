@@ -78,7 +78,7 @@ class SlotModel(CausalLM):
         """Context encoding of one prompt [L] or [1, L] into cache row ``slot``: logits [vocab] of its last token.
         The prompt sits at positions 0..L-1 of its row (right-padded to the context bucket; the pads are
         overwritten by later steps and never attended)."""
-        self._require_built()
+        self.require_built()
         ids = validate_input_ids(prompt_ids, self.args.vocab_size).to(self.device)
         if ids.shape[0] != 1:
             raise ValueError(f"prefill takes one prompt, got {ids.shape[0]} rows: context encoding runs one slot at "
@@ -88,7 +88,7 @@ class SlotModel(CausalLM):
             raise ValueError(f"prompt of {L} tokens: longer than the largest context bucket "
                              f"{self.context_buckets[-1]} (or no room to generate in n_positions={self.n_positions}); "
                              "shorten it or rebuild with larger buckets")
-        width = self._select_bucket("context", L)
+        width = self.select_bucket("context", L)
         tokens = torch.cat([ids, ids.new_zeros(1, width - L)], dim=1)
         pos = torch.arange(width, device=self.device)[None]
         mask = (pos[0][None, :] <= pos[0][:, None])[None]  # causal over the bucket: [1, width, width]
@@ -102,7 +102,7 @@ class SlotModel(CausalLM):
         """One token-generation step over every slot: ``tokens`` [n_slots] written at ``positions`` [n_slots]
         (a row sees its own positions 0..p). Logits [n_slots, vocab]. The token bucket is chosen by the
         furthest row, as one fixed-shape graph serves the whole batch."""
-        self._require_built()
+        self.require_built()
         tokens = torch.as_tensor(tokens, device=self.device).long().reshape(-1)
         positions = torch.as_tensor(positions, device=self.device).long().reshape(-1)
         if tokens.numel() != self.batch_size or positions.numel() != self.batch_size:
@@ -111,7 +111,7 @@ class SlotModel(CausalLM):
         top = int(positions.max())
         if top >= self.n_positions or int(positions.min()) < 0:
             raise ValueError(f"positions {positions.tolist()} outside [0, n_positions={self.n_positions})")
-        kv_len = self._select_bucket("token", top + 1)
+        kv_len = self.select_bucket("token", top + 1)
         j = torch.arange(kv_len, device=self.device)
         mask = (j[None, :] <= positions[:, None])[:, None, :]  # [B, 1, kv_len]
         rows = torch.arange(self.batch_size, device=self.device)

@@ -159,7 +159,7 @@ def test_entry_point_speculation_is_greedy_and_full_length(stack, contract, tmp_
     the assisted loop would stop up to k-1 tokens short)."""
     import helpers
     from helpers.prompts import encode_prompts
-    from helpers.engine.speculative import write_truncated_draft
+    from helpers.model_store import write_truncated_draft
 
     draft = write_truncated_draft(helpers.resolve_model_path(None), 2, tmp_path / "draft")
     enc = encode_prompts(helpers.load_tokenizer(), ["Name three colours."], 1)
@@ -191,7 +191,7 @@ def test_entry_point_speculation_stops_at_eos_as_the_plain_loop(stack, contract,
     gives, up to and including the EOS."""
     import helpers
     from helpers.prompts import encode_prompts
-    from helpers.engine.speculative import write_truncated_draft
+    from helpers.model_store import write_truncated_draft
 
     draft = write_truncated_draft(helpers.resolve_model_path(None), 2, tmp_path / "draft")
     enc = encode_prompts(helpers.load_tokenizer(), ["Name three colours."], 1)

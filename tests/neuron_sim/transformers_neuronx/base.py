@@ -347,7 +347,7 @@ class NeuronModelBase(torch.nn.Module):
             raise NotImplementedError("the stand-in's presharded weights come from the reference engine, which "
                                       "stores them unquantized: save without sharded_weights when quant is set")
         engine = self._engines[self.batch_sizes[0]]
-        engine_presharded.save_rank_weights(directory, engine._require_built().w,
+        engine_presharded.save_rank_weights(directory, engine.require_built().w,
                                         engine_serialization.weights_meta(engine, 0), 0)
 
     # --- the reference engine ---------------------------------------------------------------------

@@ -1,19 +1,11 @@
 """The "stream" matmul kernel for steps over a few rows: every weight read once for all rows, at the speed
-a one-row step reads it (``csrc/stream_linear.c``).
+a one-row step reads it (``csrc/stream_linear.c``, C with AVX2 intrinsics in the C library, ``clib``).
 
 Library GEMMs stream a weight and then compute on it, one after the other, so a step over a few rows costs
 well over a one-row step. This kernel stores each weight in blocks of 16 output columns
-(:func:`stream_layout`), runs six rows per pass over a block (AVX2) and prefetches 4 KB ahead, so reading the next
-block overlaps the arithmetic on this one and a step over a few rows stays close to a one-row step (with AVX-512,
-up to 16 rows share a pass: :func:`use_avx512`). With
-many rows (prefill) it keeps up with the library GEMMs. The figures are the benchmark's:
-``python ci/benchmark.py`` prints every kernel's timing per shape family and the steps over 1, 2, 4 and 8
-rows on the machine it runs on; docs/performance.md ("Decode speed, kernels and the roofline", "Steps by
-rows, and prefill") reports them for two machines.
-
-It is C with AVX2 intrinsics, part of the engine's C library (``helpers.engine.clib``: built on first use with
-the system C compiler, called through ``ctypes``); where that library is unavailable ``clib.unavailable_reason``
-says why and ``helpers.engine.kernel_choice`` times and uses the other kernels only.
+(:func:`stream_layout`), runs six rows per pass over a block (AVX2; up to 16 with AVX-512, :func:`use_avx512`)
+and prefetches 4 KB ahead, so reading the next block overlaps the arithmetic on this one. ``python
+ci/benchmark.py`` times it against the other kernels on the machine it runs on.
 """
 from __future__ import annotations
 

@@ -1,24 +1,18 @@
-"""Which CPU matmul kernel runs each shape family, decided once per machine and kept.
+"""Which CPU matmul kernel runs each shape family, decided once per machine kind and kept.
 
-Every kernel of ``helpers.engine.kernels`` computes ``F.linear``, but each rounds in its own order, so the
-kernel decides the last bits of every f32 logit. Timing the kernels at each build made two builds of the
-same model round differently wherever two candidates were within the timing noise (notebook 08 with
-``tp_degree=2`` failed its round trip in 3 of 5 runs on an Intel Xeon: each rank process timed for itself).
-So the kernels are timed once per *machine kind* (CPU model, ISA flags, thread count, torch version, the
-kernels available), on synthetic weights of SmolLM2's shapes, larger than the caches (so the choice does
+Every kernel of ``helpers.engine.cpu.kernels`` computes ``F.linear``, but each rounds in its own order, so the
+kernel decides the last bits of every f32 logit: two builds that chose differently would not reproduce each
+other. So the kernels are timed once per *machine kind* (:func:`machine_key`: CPU model, ISA flags, thread count,
+torch version, the kernels available), on synthetic weights larger than the caches (``SHAPES``: the choice does
 not depend on which model is built first), and the result is kept in
-``helpers.model_store.cache_dir()/kernels/matmul-<key>.json`` (``$NEURON_NB_CACHE`` moves it with the
-checkpoint). Every later build on that machine, in any process, reads it: the same settings give bitwise
-the same logits build after build. The first process to write the file wins (a rank timing at the same
-moment adopts it). ``$NEURON_NB_GEMV`` / ``$NEURON_NB_GEMM`` / ``$NEURON_NB_PREFILL`` still force a kernel.
+``helpers.model_store.cache_dir()/kernels/matmul-<key>.json``; every later build on that machine, in any process,
+reads it, and the first process to write it wins. ``$NEURON_NB_GEMV`` / ``$NEURON_NB_GEMM`` /
+``$NEURON_NB_PREFILL`` force a kernel.
 
-Since the choice is kept for good, a timing beside other work would keep a slow kernel: the timing measures how
-much of this process's cores other processes used meanwhile (``/proc/stat``), is repeated while they leave too
-few free (each kernel keeping its best time), records that load in the file, and warns if it never eased.
-
-A built model records its kernels (``Transformer.matmul_kernels``); ``helpers.artifacts`` writes them into a
-saved model's manifest, and loading it builds with those kernels again (:func:`build_kernels`), or refuses
-naming the one that cannot run here. Delete the cache file to time again (e.g. after a BIOS change).
+A timing beside other work would keep a slow kernel for good, so the timing measures the load other processes put
+on this process's cores (``/proc/stat``), is repeated while it leaves too few free, records it, and warns if it
+never eased. A saved model records its kernels (``Transformer.ops.record``) and a load builds with them again
+(:func:`check_recorded`), or refuses naming the one that cannot run here. Delete the cache file to time again.
 """
 from __future__ import annotations
 
@@ -33,16 +27,16 @@ from pathlib import Path
 
 import torch
 
-from ..model_store import cache_dir
+from ...model_store import cache_dir
 from . import clib, fused_ops
 from . import kernels as K
 from .hugepages import Arena, thp_mode
 
-FORMAT = 2  # 2: the weights (and the timed ones) live in a huge-page arena (helpers.engine.hugepages)
+FORMAT = 2  # 2: the weights (and the timed ones) live in a huge-page arena (helpers.engine.cpu.hugepages)
 # ISA features that decide a matmul kernel's speed (printed by ci/benchmark.py); the cache key hashes every flag
 ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
              "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2", "bf16", "i8mm")
-# Synthetic weights, SmolLM2-135M's shapes ([out, in]): 4 layers + the LM head, 170 MB (f32), above any L3 here.
+# Synthetic weights [out, in]: 4 layers of a small decoder + its LM head, 170 MB in f32, above any L3 cache.
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 4 + [(49152, 576)]
 _chosen: dict[str, dict] = {}  # cache key -> record, this process
 PROC_STAT = Path("/proc/stat")
@@ -116,7 +110,7 @@ def _write_once(path: Path, rec: dict) -> None:
 
 
 def synthetic_weights(seed: int = 0) -> list[torch.Tensor]:
-    """Column-major f32 weights of ``SHAPES`` (as :func:`use_cpu_kernels` stores a model's)."""
+    """Column-major f32 weights of ``SHAPES`` (as ``helpers.engine.cpu.ops.use_cpu`` stores a model's)."""
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(k, n, generator=g).t() for n, k in SHAPES]
 
@@ -245,7 +239,7 @@ def planned_kernels(threads: int | None = None) -> dict[str, str]:
 
 
 def check_recorded(recorded: dict | None, what: str = "the saved model") -> dict | None:
-    """``recorded`` (a saved model's kernels, ``Transformer.kernels_record``) if this machine can run every one of them and no
+    """``recorded`` (a saved model's kernels, ``Transformer.ops.record``) if this machine can run every one of them and no
     environment variable forces another; else :class:`KernelMismatchError` naming the kernel. None (nothing
     recorded: an older save, or a model without the CPU kernels) passes. A record without ``"ops"`` (saved before
     the fused ops existed) ran torch's."""
@@ -278,30 +272,7 @@ def check_recorded(recorded: dict | None, what: str = "the saved model") -> dict
 
 
 def build_kernels(recorded: dict | None = None) -> dict[str, str]:
-    """The kernels a build uses, with ``"ops"`` (``helpers.engine.fused_ops``): the ``recorded`` ones of a saved
+    """The kernels a build uses, with ``"ops"`` (``helpers.engine.cpu.fused_ops``): the ``recorded`` ones of a saved
     model (:func:`check_recorded`), else :func:`planned_kernels` and ``fused_ops.planned()``."""
     return check_recorded(recorded) or dict(planned_kernels(), ops=fused_ops.planned())
 
-
-def use_cpu_kernels(tr, pack: bool = True, recorded: dict | None = None):
-    """``tr``'s f32 matmul weights on CPU as :class:`kernels.CpuWeight`, column-major with the kernels of
-    :func:`build_kernels` and the copies they read, all in one ``helpers.engine.hugepages.Arena``;
-    ``tr.matmul_kernels`` records the kernels, ``tr.fused`` whether the C ops between them run
-    (``helpers.engine.fused_ops``). ``pack=False``: the column-major layout only (int8 storage replaces the
-    projections next; the rest runs ``F.linear`` and torch's ops)."""
-    kernels = build_kernels(recorded) if pack else None
-    ops = None if kernels is None else kernels.pop("ops")
-    L = tr.w.layers[0]
-    unfit = fused_ops.unfit_dims(L.w2.shape[0], tr.args.head_dim, L.w2.shape[1])
-    if ops == "fused" and unfit:
-        if fused_ops.forced():
-            raise ValueError(f"${fused_ops.ENV}=fused: this model cannot run the C ops ({unfit}); unset it")
-        ops = "torch"
-    if kernels is None:
-        tr.w.relayout(K.column_major)
-    else:  # the matrices and their kernels' copies in one huge-page arena: the same bytes, fewer TLB misses
-        arena = Arena(sum(K.CpuWeight.arena_bytes(t, kernels) for t in tr.w.matrices()))
-        tr.w.relayout(lambda t: K.CpuWeight.build(t, kernels, arena=arena))
-    tr.matmul_kernels = None if kernels is None else dict(kernels)
-    tr.fused = ops == "fused"
-    return tr

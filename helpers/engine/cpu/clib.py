@@ -1,5 +1,5 @@
-"""The engine's C kernels (``csrc/*.c``: the "stream" matmul, ``helpers.engine.stream_kernel``; the ops between a
-step's matmuls, ``helpers.engine.fused_ops``): one library, built on first use and called through ``ctypes``.
+"""The engine's C kernels (``csrc/*.c``: the "stream" matmul, ``helpers.engine.cpu.stream_kernel``; the ops between a
+step's matmuls, ``helpers.engine.cpu.fused_ops``): one library, built on first use and called through ``ctypes``.
 
 It is built with the system C compiler (``$CC`` or ``cc``) into ``helpers.model_store.cache_dir()/kernels``
 (``~/.cache/neuron-llm-notebooks/kernels``, or under ``$NEURON_NB_CACHE``), once per source and compiler, and
@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .. import model_store
+from ... import model_store
 
 SOURCES = tuple(Path(__file__).parent / "csrc" / name for name in ("stream_linear.c", "decode_ops.c"))
 CFLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC"]

@@ -1,14 +1,11 @@
 """One allocation for the weights a decode step streams, backed by transparent huge pages where Linux offers them.
 
-A decode step reads every weight once per token. In 4 KB pages a SmolLM2-135M step (545 MB in f32) crosses
-about 130,000 pages, and each translation the TLB misses is a page walk; in a virtual machine (nested paging, as on
-every cloud instance) a walk can itself take tens of memory reads. Linux backs 2 MB pages only where a program asks
-(``/sys/kernel/mm/transparent_hugepage/enabled`` = ``madvise``, a common default) or everywhere (``always``); torch
-asks only with ``$THP_MEM_ALLOC_ENABLE=1`` set before its first allocation. So :class:`Arena` allocates the matrices
-of a model in one buffer, aligned to 2 MB and advised ``MADV_HUGEPAGE`` before any page is touched, and hands out
-views of it. The data, the kernels and so the numerics are unchanged: only where the bytes live.
-``python ci/benchmark.py`` prints the page mode and reads the machine's bandwidth from such a buffer too (the
-roofline is what the same memory allows), with the matmuls over both kinds of pages.
+A decode step reads every weight once per token; in 4 KB pages that is one page translation per 4 KB, and each
+one the TLB misses is a page walk (in a virtual machine, a nested one). Linux backs 2 MB pages only where a
+program asks (``/sys/kernel/mm/transparent_hugepage/enabled`` = ``madvise``) or everywhere (``always``), and torch
+asks only with ``$THP_MEM_ALLOC_ENABLE=1``. So :class:`Arena` allocates a model's matrices in one buffer, aligned
+to 2 MB and advised ``MADV_HUGEPAGE`` before any page is touched, and hands out views of it: the data, the kernels
+and so the numerics are unchanged, only where the bytes live.
 """
 from __future__ import annotations
 

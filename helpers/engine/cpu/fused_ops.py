@@ -1,18 +1,14 @@
-"""The ops between a step's matmuls in C (``csrc/decode_ops.c``, part of ``helpers.engine.clib``): RMSNorm, RoPE on q
-and k, attention of a few query rows over the KV cache, SwiGLU.
+"""The ops between a step's matmuls in C (``csrc/decode_ops.c``, part of ``clib``): RMSNorm, RoPE on q and k,
+attention of a few query rows over the KV cache, SwiGLU.
 
-A decode step's matmuls read the weights at close to memory bandwidth; what else a layer does is a dozen small ATen
-ops (``aten::rms_norm`` alone is six on CPU, ``scaled_dot_product_attention`` converts its mask and transposes),
-each a few microseconds of dispatch for a few hundred floats of work. Each function here is one call instead
-(docs/performance.md, "The ops between the matmuls, in C", measures the difference). The model
-(``helpers.engine.model.Transformer``) calls them where its build chose them (``ops="fused"`` in its recorded
-kernels, ``helpers.engine.kernel_choice``; :func:`unfit_dims` checks the model's dims once), outside
-:func:`tracing`, and for the attention where :func:`attention_fits`; anything else runs torch's ops.
+What a layer does besides its matmuls is a dozen small ATen ops, each a few microseconds of dispatch for a few
+hundred floats of work; each function here is one call instead. The model runs them through ``ops.FusedOps``
+where its build chose them (``$NEURON_NB_OPS``, :func:`planned`; :func:`unfit_dims` checks the model's dims once),
+outside :func:`tracing`, and for the attention where :func:`attention_fits`; anything else runs torch's ops.
 
 Numerics: f32 throughout; sums in a fixed order per output element, one thread each, so the bits do not depend on
 the thread count or on the other rows of a batch; exp is a polynomial of about 1 ulp. Against torch's ops they agree
-within f32 rounding (``tests/test_fused_ops.py``), not bitwise: a model keeps one choice per build and a saved model
-records it.
+within f32 rounding, not bitwise: a model keeps one choice per build and a saved model records it.
 """
 from __future__ import annotations
 

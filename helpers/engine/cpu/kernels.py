@@ -1,13 +1,13 @@
 """CPU matmul kernels for f32 steps: what each computes, the weight object that owns the copies they read, and
-the timing that compares them (``helpers.engine.kernel_choice`` decides, once per machine, which one runs).
+the timing that compares them (``helpers.engine.cpu.kernel_choice`` decides, once per machine, which one runs).
 
 A decode step reads every weight once, so on CPU it is bound by memory bandwidth and by how each
 matmul streams its weight; a step over a few rows (batch decode, speculative verification) reads
 the same weights and should cost about as much; prefill (T x hidden GEMMs) is compute-bound. Each of
 these three shape families ("one_row", "rows", "prefill") has its candidates (``MATMUL_KERNELS``).
 A model's f32 CPU weight is a :class:`CpuWeight`: the matrix stored column-major (:func:`column_major`), the
-kernel of each family fixed at the build, and the copies its kernels read ("stream", ``helpers.engine.stream_kernel``;
-oneDNN's blocked layout, "packed"); ``helpers.engine.model.linear`` runs it by its ``linear``.
+kernel of each family fixed at the build, and the copies its kernels read ("stream", ``helpers.engine.cpu.stream_kernel``;
+oneDNN's blocked layout, "packed"); the model runs it by its ``linear``.
 ``$NEURON_NB_GEMV`` / ``$NEURON_NB_GEMM`` / ``$NEURON_NB_PREFILL`` force a kernel (``$NEURON_NB_GEMM``
 forces prefill too unless ``$NEURON_NB_PREFILL`` is set).
 """
@@ -19,6 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ..model import Linear
 from . import clib, stream_kernel
 from .hugepages import Arena
 
@@ -79,7 +80,7 @@ def weight_copy(w: torch.Tensor, kind: str, arena: Arena | None = None) -> torch
     """The copy of f32 CPU weight ``w`` that kernel ``kind`` reads, or None (kernel unavailable, or "stream" with
     ``out`` not a multiple of 16): "packed", oneDNN's blocked layout (``mkldnn._reorder_linear_weight``, what
     Inductor's CPU freezing does to linear weights); "stream", blocks of 16 output columns
-    (``helpers.engine.stream_kernel``). Either streams the weight in the order its micro-kernel consumes it, with no
+    (``helpers.engine.cpu.stream_kernel``). Either streams the weight in the order its micro-kernel consumes it, with no
     packing per call, and costs as many bytes again. ``arena``: where the "stream" copy goes (oneDNN allocates its
     own)."""
     if not kernel_available(kind) or not (w.dim() == 2 and w.dtype == torch.float32 and w.device.type == "cpu"):
@@ -159,7 +160,7 @@ def time_matmuls(weights_by_case: dict[str, list[torch.Tensor]], repeats: int = 
     their copies) at ``MATMUL_TUNE_ROWS[case]`` rows, best of ``repeats`` after a warm-up round, the kernels
     alternating per round (load on a shared machine hits them alike): ``{case: {"kernel": fastest, "ms": {..}}}``.
     Only speed differs between kernels, but which one runs decides the f32 rounding, so
-    ``helpers.engine.kernel_choice`` calls this once per machine and keeps the answer."""
+    ``helpers.engine.cpu.kernel_choice`` calls this once per machine and keeps the answer."""
     n = torch.get_num_threads()
     g = torch.Generator().manual_seed(seed)
     out = {}
@@ -175,32 +176,24 @@ def time_matmuls(weights_by_case: dict[str, list[torch.Tensor]], repeats: int = 
     return out
 
 
-class CpuWeight:
-    """An f32 [out, in] weight on CPU, stored column-major (``dense``: shape unchanged, strides swapped), with the
-    kernel of each shape family it runs with (``kernels``: ``{"one_row", "rows", "prefill"} -> kernel``, fixed at
-    the build, so its numerics never change afterwards) and the copies those kernels read (``copies``: kind ->
-    tensor), which live and die with it.
-
-    transformers-neuronx stores its weights transposed too (``llama/model.py`` ``load_weights``:
-    ``q_proj.weight.detach().T``). :meth:`linear`:
-
-    - one row (batch-1 decode): split-k (:func:`split_k_linear`), "stream" (``helpers.engine.stream_kernel``),
-      oneDNN on its blocked copy ("packed") or MKL's GEMV (``F.linear``);
-    - a few rows (<= FEW_ROWS: speculative verification, batch decode) and prefill: "stream", "packed",
-      oneDNN's linear on the column-major weight (``mkldnn._linear_pointwise``, what torch.compile's CPU
-      backend emits) or MKL's GEMM.
-
+class CpuWeight(Linear):
+    """A :class:`~helpers.engine.model.Linear` for an f32 [out, in] weight on CPU: stored column-major (``dense``,
+    as transformers-neuronx stores its weights transposed), with the kernel of each shape family (``kernels``:
+    ``{"one_row", "rows", "prefill"} -> kernel``, fixed at the build, so its numerics never change) and the copies
+    those kernels read (``copies``: kind -> tensor), which live and die with it. :meth:`linear` runs the family's
+    kernel: split-k, "stream", oneDNN on its blocked copy ("packed"), oneDNN's linear or MKL (``F.linear``).
     Without the chosen kernel's copy (:meth:`traced`: a graph input while ``torch.export`` traces) it takes
     oneDNN's linear for several rows and ``F.linear`` for one.
     """
 
     def __init__(self, dense: torch.Tensor, kernels: dict[str, str], copies: dict[str, torch.Tensor] | None = None):
-        self.dense, self.kernels, self.copies = dense, dict(kernels), dict(copies or {})
+        super().__init__(dense)
+        self.kernels, self.copies = dict(kernels), dict(copies or {})
 
     @classmethod
     def build(cls, w: torch.Tensor, kernels: dict[str, str], kinds=None, arena: Arena | None = None) -> "CpuWeight":
         """``w`` stored column-major, with the copies its ``kernels`` read (or those of ``kinds``, for timing);
-        with an ``arena`` (``helpers.engine.hugepages``), the matrix and its "stream" copy are placed there
+        with an ``arena`` (``helpers.engine.cpu.hugepages``), the matrix and its "stream" copy are placed there
         (:meth:`arena_bytes` says how much they take)."""
         if arena is not None:
             dense = arena.empty((w.shape[1], w.shape[0])).t().copy_(w)  # column-major, as column_major(w)
@@ -224,15 +217,6 @@ class CpuWeight:
     def traced(self, t: torch.Tensor) -> "CpuWeight":
         """The same kernels over ``t`` (a graph input standing for ``dense``), without copies."""
         return CpuWeight(t, self.kernels)
-
-    @property
-    def shape(self):
-        return self.dense.shape
-
-    @property
-    def nbytes(self) -> int:
-        """The weight's bytes (its kernels' copies not counted)."""
-        return self.dense.nbytes
 
     def __repr__(self):
         return f"CpuWeight({tuple(self.shape)}, kernels={self.kernels}, copies={sorted(self.copies)})"
