@@ -1,22 +1,23 @@
-"""Run every Neuron cell of one stack as a standalone script, the way a reader who copies it out would.
+"""Run every notebook's recipe of one stack as a standalone script, the way a reader who copies it out would.
 
-    python ci/neuron_cells.py tnx                  # every notebook's transformers-neuronx cells, on both models
-    python ci/neuron_cells.py nxdi --notebooks 03  # one notebook's NxD Inference cells
+    python ci/neuron_cells.py tnx                  # every notebook's transformers-neuronx recipe, on both models
+    python ci/neuron_cells.py nxdi --notebooks 03  # one notebook's NxD Inference recipe
     python ci/neuron_cells.py nxdi --models production-shaped  # one of the two models
 
-Every cell runs on two models, each cell on the first, then each on the second (``MODELS``): the embedded
+A recipe is a notebook's Neuron cells of the stack joined in order. Every recipe runs on two models, each on the
+first, then each on the second (``MODELS``): the embedded
 SmolLM2-135M-Instruct, and a small random-weight checkpoint shaped like the production model the cells name,
 Llama-3.1-8B-Instruct (``ci/production_model.py``: 4 query heads per KV head, an untied LM head, llama3 RoPE, a
-tokenizer without a pad token, a list of EOS ids): a cell that only works on SmolLM2 fails on the second.
-Each cell (tagged ``neuron`` + the stack, see tests/contract/contract_harness.py) is written to
-``<out>/<stack>/<model>/<notebook>-cell<N>.py`` exactly as it stands, plus the ``# EDIT`` values of
+tokenizer without a pad token, a list of EOS ids): a recipe that only works on SmolLM2 fails on the second.
+Each recipe (cells tagged ``neuron`` + the stack, see tests/contract/contract_harness.py) is written to
+``<out>/<stack>/<model>/<notebook>-<stack>.py`` exactly as its cells stand, plus the ``# EDIT`` values of
 ``ci/params/neuron-cells.yaml`` assigned right after its ``# EDIT`` block (``model_dir`` is always the model's
 checkpoint; the other values are the same for both models). It then runs as its own process from an empty
 temporary folder. The stack's library must be
 importable (the neuron lanes put its stand-in on PYTHONPATH; on an instance it is the real one). The stand-ins may
-reach the reference engine in ``helpers``; the cell's own code may not: an ``import helpers`` in the script fails
-with ModuleNotFoundError, as it would outside this repository. A cell passes when its script exits 0 without
-saying it was skipped. Exit status 1 when any cell failed; a table names each cell, the model and its result.
+reach the reference engine in ``helpers``; the recipe's own code may not: an ``import helpers`` in the script fails
+with ModuleNotFoundError, as it would outside this repository. A recipe passes when its script exits 0 without
+saying it was skipped. Exit status 1 when any failed; a table names each recipe, the model and its result.
 """
 from __future__ import annotations
 
@@ -64,17 +65,20 @@ def overrides_for(params: dict, stem: str, model_dir: str) -> dict:
 
 
 def cell_scripts(stack: str, notebooks: list[Path], params: dict, model_dir: str) -> list[tuple[str, str]]:
-    """(name, script) of every ``stack`` Neuron cell of ``notebooks``, in notebook order. An override of these
-    notebooks that no # EDIT block of their cells sets is refused first (a typo would otherwise change nothing)."""
+    """(name, script) of every notebook's ``stack`` recipe: its ``stack`` Neuron cells joined in order, in notebook
+    order. An override of these notebooks that no # EDIT block sets is refused first (a typo would otherwise change
+    nothing)."""
     scripts, used, given = [], {"model_dir"}, set((params.get("all") or {}))
     for path in notebooks:
         nb = nbformat.read(str(path), as_version=4)
+        cells = [cell.source for _, cell in harness.neuron_cells(nb, stack)]
+        if not cells:
+            continue
         overrides = overrides_for(params, path.stem, model_dir)
         given |= set(params.get(path.stem.split("_")[0]) or {})
-        for i, cell in harness.neuron_cells(nb, stack):
-            mine = {k: v for k, v in overrides.items() if k in harness.edit_names(cell.source)}
-            used |= set(mine)
-            scripts.append((f"{path.stem}-cell{i}", harness.script_for(cell.source, mine)))
+        mine = {k: v for k, v in overrides.items() if k in harness.edit_names(cells[0])}
+        used |= set(mine)
+        scripts.append((f"{path.stem}-{stack}", harness.script_for(cells, mine)))
     if given - used:
         raise SystemExit(f"neuron-cells params: {sorted(given - used)} are set by no # EDIT block of these cells")
     return scripts
@@ -94,7 +98,7 @@ def run_script(script: Path, timeout: float) -> tuple[bool, str, float]:
     if proc.returncode != 0:
         return False, output, seconds
     if "Skipped:" in proc.stdout:
-        return False, "the cell skipped itself: its library did not import\n" + output, seconds
+        return False, "the recipe says it skipped: its library did not import\n" + output, seconds
     return True, output, seconds
 
 
@@ -118,7 +122,7 @@ def main(argv=None) -> int:
                     help="the models to run every cell on, in this order (default: both)")
     ap.add_argument("--params", default=str(REPO / "ci" / "params" / "neuron-cells.yaml"))
     ap.add_argument("--out", default=str(REPO / "out" / "neuron-cells"))
-    ap.add_argument("--timeout", type=float, default=600, help="seconds per cell")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per recipe")
     args = ap.parse_args(argv)
 
     notebooks = sorted((REPO / "notebooks").glob("*.ipynb"))
@@ -141,8 +145,8 @@ def main(argv=None) -> int:
     failed = [f"{n} ({m})" for m, n, ok, _ in results if not ok]
     for model in args.models:
         mine = [ok for m, _, ok, _ in results if m == model]
-        print(f"{model}: {sum(mine)}/{len(mine)} {args.stack} Neuron cells passed as standalone scripts")
-    print(f"{len(results) - len(failed)}/{len(results)} {args.stack} Neuron cell runs passed"
+        print(f"{model}: {sum(mine)}/{len(mine)} {args.stack} recipes passed as standalone scripts")
+    print(f"{len(results) - len(failed)}/{len(results)} {args.stack} recipe runs passed"
           + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed or not results else 0
 

@@ -1,35 +1,41 @@
 """Run a notebook's Neuron cells against the stand-in Neuron packages (the contract test's engine).
 
 Convention for notebook authors (the contract test, ``tests/test_neuron_cells.py`` and the standalone runs of
-``ci/neuron_cells.py`` rely on it). A Neuron cell is a snippet a reader pastes into their own service, so:
+``ci/neuron_cells.py`` rely on it). A notebook's Neuron cells of one stack are a recipe a reader pastes into their own
+service, so:
 
-1. It is a code cell tagged ``neuron`` plus exactly one of ``tnx`` / ``nxdi``. Its top level holds only
-   standard-library imports and one guard on its library being installed, with the skip message first::
+1. Each is a code cell tagged ``neuron`` plus exactly one of ``tnx`` / ``nxdi``, whose first line is that stack's
+   header comment (``helpers.notebook.recipes.RECIPE_HEADERS``: ``# transformers-neuronx ...`` /
+   ``# NxD Inference ...``). It is plain top-level Python, with no guard: the notebook's
+   ``%load_ext helpers.notebook.recipes`` skips a recipe cell where its library does not import. The first cell
+   of a stack holds its imports, then one ``# EDIT`` block of literals (the comment line up to the first blank
+   line; ``model_dir`` among them), then the guide's calls::
 
-       import importlib.util
+       # transformers-neuronx 0.13 (Neuron SDK 2.26), inf2/trn1 ...
+       import os
 
-       if importlib.util.find_spec("transformers_neuronx") is None:  # or "neuronx_distributed_inference"
-           print("Skipped: ...")
-       else:
-           <its imports>
-           # EDIT
-           <the values a user edits, as literals, up to the first blank line; model_dir among them>
+       from transformers_neuronx import LlamaForSampling
 
-           <the guide's calls, then a printed result>
+       # EDIT
+       model_dir = os.path.expanduser("~/...")
+       tp_degree = 2
 
-   It runs wherever its library imports (an SDK 2.26 venv has transformers-neuronx, a 2.28 venv NxD
-   Inference; the neuron lanes put one stack's stand-in on the path) and says why it skipped elsewhere.
-2. It imports only its stack's library, transformers, torch and the standard library: never ``helpers``
-   (a reader outside this repository has no such package). The small pieces it needs (a streamer, a
-   stopping criterion, an acceptor) are written in the cell.
-3. It stands alone: it reads no name that an earlier cell defines. A later (non-Neuron) cell may read the
-   Neuron cell's variables, never the other way round.
+       model = LlamaForSampling.from_pretrained(model_dir, tp_degree=tp_degree)
+       ...
+
+   Later cells of the same stack continue that script (a measurement a user would not paste, say) and have no
+   ``# EDIT`` block of their own.
+2. They import only their stack's library, transformers, torch and the standard library: never ``helpers``
+   (a reader outside this repository has no such package). The small pieces they need (a streamer, a
+   stopping criterion, an acceptor) are written in the cells.
+3. A stack's cells, joined in order, stand alone: they read no name that another cell of the notebook defines.
+   A later (non-Neuron) cell may read their variables, never the other way round.
 4. Cells must be plain Python (no ``%`` / ``!`` magics).
 
-In-process runs (:func:`run_neuron_cells`, the contract test on the fixture notebook) execute each cell alone in a
-fresh namespace inside :func:`stand_ins`. ``ci/neuron_cells.py`` runs every notebook's cells of a stack as scripts,
-each its own process in an empty folder, with the ``# EDIT`` values of ``ci/params/neuron-cells.yaml``
-(:func:`script_for`) and an import of ``helpers`` from the cell's own code made to fail.
+In-process runs (:func:`run_neuron_cells`, the contract test on the fixture notebook) execute a stack's cells in
+order in one fresh namespace inside :func:`stand_ins`. ``ci/neuron_cells.py`` runs every notebook's cells of a stack
+as one script (:func:`script_for`), its own process in an empty folder, with the ``# EDIT`` values of
+``ci/params/neuron-cells.yaml`` and an import of ``helpers`` from the script's own code made to fail.
 
 The stand-ins (``tests/neuron_sim``) are importable only inside :func:`stand_ins` (or on the lanes' PYTHONPATH); they
 raise ``ContractError`` on keywords the pinned releases do not take (including the ones the real libraries would
@@ -50,11 +56,14 @@ from pathlib import Path
 
 import nbformat
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from helpers.notebook.recipes import RECIPE_HEADERS, recipe_stack  # noqa: E402
+
 STUBS = Path(__file__).resolve().parents[1] / "neuron_sim"
 STUB_MODULES = ("transformers_neuronx", "neuronx_distributed_inference", "_neuron_contract")
 STACKS = ("tnx", "nxdi")
-# The import name each stack's cells guard on, and the top-level modules a cell of that stack may import besides
-# the standard library.
+# The import name of each stack's library, and the top-level modules a cell of that stack may import besides the
+# standard library.
 LIBRARY = {"tnx": "transformers_neuronx", "nxdi": "neuronx_distributed_inference"}
 ALLOWED_IMPORTS = {"tnx": {"transformers_neuronx", "transformers", "torch"},
                    "nxdi": {"neuronx_distributed_inference", "neuronx_distributed", "transformers", "torch"}}
@@ -133,28 +142,9 @@ def neuron_cells(nb, stack: str | None = None) -> list[tuple[int, object]]:
             and (stack is None or stack in tags(c))]
 
 
-def _guard_stack(node: ast.stmt) -> str | None:
-    """``stack`` when ``node`` is ``if importlib.util.find_spec("<library>") is None: print(...) else: ...``."""
-    if not isinstance(node, ast.If) or not node.orelse:
-        return None
-    test = node.test
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Is)
-            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None):
-        return None
-    call = test.left
-    if not (isinstance(call, ast.Call) and ast.unparse(call.func) == "importlib.util.find_spec" and not call.keywords
-            and len(call.args) == 1 and isinstance(call.args[0], ast.Constant)):
-        return None
-    skip = node.body
-    if not (len(skip) == 1 and isinstance(skip[0], ast.Expr) and isinstance(skip[0].value, ast.Call)
-            and ast.unparse(skip[0].value.func) == "print"):
-        return None
-    return {lib: stack for stack, lib in LIBRARY.items()}.get(call.args[0].value)
-
-
-def _guarded_body(tree: ast.Module) -> list[ast.stmt]:
-    guards = [n for n in tree.body if _guard_stack(n) is not None]
-    return guards[0].orelse if len(guards) == 1 else []
+def recipe_source(cells: list[str]) -> str:
+    """A stack's cells joined in order: the script a reader pastes, and the one the lanes run."""
+    return "\n\n".join(c.rstrip("\n") for c in cells) + "\n"
 
 
 def edit_block(source: str) -> tuple[int, int]:
@@ -168,9 +158,9 @@ def edit_block(source: str) -> tuple[int, int]:
 
 
 def edit_names(source: str) -> set[str]:
-    """The names the ``# EDIT`` block binds (its top-level statements inside the guard)."""
+    """The names the ``# EDIT`` block binds (its top-level statements)."""
     first, last = edit_block(source)
-    body = _guarded_body(ast.parse(source))
+    body = ast.parse(source).body
     return _bound_names(ast.Module([n for n in body if first < n.lineno <= last], []))
 
 
@@ -191,51 +181,66 @@ def import_problems(source: str, stack: str) -> list[str]:
     return problems
 
 
-def shape_problems(source: str, stack: str) -> list[str]:
-    """How a Neuron cell of ``stack`` departs from rules 1-2 of the convention (free names aside)."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as exc:
-        return [f"does not parse: {exc}"]
-    problems = import_problems(source, stack)
-    guards = [n for n in tree.body if _guard_stack(n) is not None]
-    others = [n for n in tree.body if _guard_stack(n) is None and not isinstance(n, (ast.Import, ast.ImportFrom))]
-    if len(guards) != 1 or _guard_stack(guards[0]) != stack:
-        found = [_guard_stack(g) for g in guards]
-        problems.append(f"needs one top-level `if importlib.util.find_spec({LIBRARY[stack]!r}) is None: print(...)` "
-                        f"with an `else:` that does the work, found guards for {found}")
-    if others:
-        problems.append("only imports may stand outside the guard; lines "
-                        + ", ".join(str(n.lineno) for n in others) + " do too")
-    edits = [n for n, line in enumerate(source.splitlines(), 1) if EDIT_RE.match(line)]
-    if len(edits) != 1:
-        problems.append(f"needs exactly one `# EDIT` line, found {len(edits)} (lines {edits})")
-    elif len(guards) == 1:
-        body, line = guards[0].orelse, edits[0]
-        if not guards[0].body[-1].end_lineno < line <= guards[0].end_lineno:
-            problems.append(f"the `# EDIT` line (line {line}) must be inside the `else:` body")
-        elif any(not isinstance(n, (ast.Import, ast.ImportFrom)) for n in body if n.lineno < line):
-            problems.append(f"only imports may come before the `# EDIT` block (line {line}) in the `else:` body")
-        elif "model_dir" not in edit_names(source):
-            problems.append("the `# EDIT` block must set `model_dir` (the checkpoint the cell loads)")
+def _guards(tree: ast.Module) -> list[int]:
+    """Lines of top-level ``if`` statements that test whether a module is installed (the guard rule 1 forbids)."""
+    return [n.lineno for n in tree.body if isinstance(n, ast.If)
+            and any(isinstance(c, ast.Call) and ast.unparse(c.func).endswith("find_spec") for c in ast.walk(n.test))]
+
+
+def shape_problems(cells: list[str] | str, stack: str) -> list[str]:
+    """How a stack's Neuron cells (in notebook order) depart from rules 1-2 of the convention (free names aside)."""
+    cells = [cells] if isinstance(cells, str) else cells
+    problems = []
+    for k, source in enumerate(cells):
+        where = f"cell {k + 1} of {len(cells)}"
+        try:
+            tree = ast.parse(source)
+        except SyntaxError as exc:
+            problems.append(f"{where}: does not parse: {exc}")
+            continue
+        problems += [f"{where}: {p}" for p in import_problems(source, stack)]
+        first_line = (source.splitlines() or [""])[0]
+        if recipe_stack(first_line) != stack:
+            problems.append(f"{where}: its first line must start with {RECIPE_HEADERS[stack][0]!r} (the recipe header "
+                            f"that `%load_ext helpers.notebook.recipes` skips on), found {first_line[:60]!r}")
+        if _guards(tree):
+            problems.append(f"{where}: a top-level `if ...find_spec(...)` guard (line {_guards(tree)[0]}): recipes are "
+                            "plain top-level code; the notebook's `%load_ext helpers.notebook.recipes` skips them")
+        edits = [n for n, line in enumerate(source.splitlines(), 1) if EDIT_RE.match(line)]
+        if k == 0 and len(edits) != 1:
+            problems.append(f"{where}: needs exactly one `# EDIT` line, found {len(edits)} (lines {edits})")
+        elif k > 0 and edits:
+            problems.append(f"{where}: an `# EDIT` line (line {edits[0]}): a stack's values live in one `# EDIT` block, "
+                            "in its first cell")
+        elif k == 0:
+            line = edits[0]
+            if any(n.col_offset for n in tree.body) or any(line_.startswith((" ", "\t")) and EDIT_RE.match(line_)
+                                                          for line_ in source.splitlines()):
+                problems.append(f"{where}: the `# EDIT` line (line {line}) must be at the top level, not indented")
+            elif any(not isinstance(n, (ast.Import, ast.ImportFrom)) for n in tree.body if n.lineno < line):
+                problems.append(f"{where}: only imports may come before the `# EDIT` block (line {line})")
+            elif "model_dir" not in edit_names(source):
+                problems.append(f"{where}: the `# EDIT` block must set `model_dir` (the checkpoint the recipe loads)")
     return problems
 
 
-def script_for(source: str, overrides: dict | None = None) -> str:
-    """The cell as a script, with ``overrides`` (EDIT name -> value) assigned right after its ``# EDIT`` block.
+def script_for(cells: list[str] | str, overrides: dict | None = None) -> str:
+    """A stack's cells as one script, with ``overrides`` (EDIT name -> value) assigned right after the ``# EDIT`` block
+    of the first cell.
 
     A name the block does not bind raises (a typo would otherwise change nothing)."""
-    if not overrides:
-        return source
-    unknown = set(overrides) - edit_names(source)
-    if unknown:
-        raise HarnessError(f"override(s) {sorted(unknown)} are not set in the cell's # EDIT block "
-                           f"(it sets {sorted(edit_names(source))})")
-    lines = source.splitlines()
-    first, last = edit_block(source)
-    indent = re.match(r"\s*", lines[first - 1]).group(0)
-    added = [f"{indent}{name} = {value!r}  # neuron lane override" for name, value in overrides.items()]
-    return "\n".join(lines[:last] + added + lines[last:]) + "\n"
+    cells = [cells] if isinstance(cells, str) else cells
+    first = cells[0]
+    if overrides:
+        unknown = set(overrides) - edit_names(first)
+        if unknown:
+            raise HarnessError(f"override(s) {sorted(unknown)} are not set in the cell's # EDIT block "
+                               f"(it sets {sorted(edit_names(first))})")
+        lines = first.splitlines()
+        _, last = edit_block(first)
+        added = [f"{name} = {value!r}  # neuron lane override" for name, value in overrides.items()]
+        first = "\n".join(lines[:last] + added + lines[last:])
+    return recipe_source([first, *cells[1:]])
 
 
 @dataclass
@@ -265,7 +270,8 @@ def _check_plain_python(source: str, where: str) -> None:
 
 
 def run_neuron_cells(nb_path: str | os.PathLike, stack: str, edit=None) -> ContractRun:
-    """Execute each of the notebook's ``stack`` Neuron cells alone, as in rule 3 of the module docstring.
+    """Execute the notebook's ``stack`` Neuron cells in order in one fresh namespace, as rule 3 of the module
+    docstring has it: the recipe alone, as a reader's script runs it.
 
     Call inside :func:`stand_ins`. ``edit(index, source) -> source`` may rewrite cells (meta-tests).
     """
@@ -275,28 +281,30 @@ def run_neuron_cells(nb_path: str | os.PathLike, stack: str, edit=None) -> Contr
     if not cells:
         raise HarnessError(f"{stem}: no Neuron cell tagged {stack!r}")
     run = ContractRun(stem, stack)
+    ns: dict = {"__name__": "__main__"}
+    sources = []
     buf = io.StringIO()
     try:
         with contextlib.redirect_stdout(buf):
             for i, cell in cells:
                 source = edit(i, cell.source) if edit else cell.source
+                sources.append(source)
                 where = f"{stem} cell {i} ({stack})"
                 _check_plain_python(source, where)
                 run.steps.append(Step(i, f"neuron/{stack}", source))
-                ns: dict = {"__name__": "__main__"}
                 run.namespaces[i] = ns
                 try:
                     exec(compile(source, f"<{where}>", "exec"), ns)
                 except NameError as exc:
-                    if exc.name not in free_names(source):  # raised deeper down, not by the cell's own name
-                        exc.add_note(f"[contract harness] in {where}, run alone in a fresh namespace")
+                    if exc.name not in free_names(recipe_source(sources)):  # raised deeper down, not by the cells
+                        exc.add_note(f"[contract harness] in {where}, the {stack} recipe run alone")
                         raise
                     raise HarnessError(
-                        f"{where}: name {exc.name!r} is not defined: the cell uses a name from an earlier cell. "
-                        "Neuron cells must stand alone (their own imports and an `# EDIT` block of literals); "
-                        "see the convention in tests/contract/contract_harness.py") from exc
+                        f"{where}: name {exc.name!r} is not defined: the {stack} recipe uses a name from another cell "
+                        "of the notebook. A stack's Neuron cells must stand alone (their own imports and an `# EDIT` "
+                        "block of literals); see the convention in tests/contract/contract_harness.py") from exc
                 except Exception as exc:
-                    exc.add_note(f"[contract harness] in {where}, run alone in a fresh namespace")
+                    exc.add_note(f"[contract harness] in {where}, the {stack} recipe run alone")
                     raise
     finally:
         run.stdout = buf.getvalue()

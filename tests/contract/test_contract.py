@@ -8,9 +8,9 @@ Inference 0.8 (SDK 2.28). The stand-in packages in ``tests/neuron_sim/`` transcr
 rules and raise on anything else, including keywords the real libraries silently swallow.
 What it does not prove: that anything runs on an inf2 instance (that is the inf2 workflow's job).
 
-Each Neuron cell runs alone in a fresh namespace on its own ``# EDIT`` literals: a cell that reads a name from an
-earlier cell fails. The cell convention is in ``contract_harness.py`` (and docs/inf2.md); its static half (tags,
-guard, imports, one ``# EDIT`` block, no free names) is checked without stand-ins by ``tests/test_neuron_cells.py``,
+A stack's Neuron cells run in order in one fresh namespace on their ``# EDIT`` literals: a recipe that reads a name
+from another cell fails. The cell convention is in ``contract_harness.py`` (and docs/inf2.md); its static half (tags,
+headers, imports, one ``# EDIT`` block, no free names) is checked without stand-ins by ``tests/test_neuron_cells.py``,
 and the lanes run every notebook's cells as scripts (``ci/neuron_cells.py``).
 """
 from __future__ import annotations
@@ -252,14 +252,14 @@ def test_misspelled_keyword_fails_the_contract(stack, cell_text, old, new, contr
 
 
 @pytest.mark.parametrize("stack,cell_text,old,new,match", [
-    ("tnx", "tnx_model.enable_speculative_decoder", "    tnx_model.enable_speculative_decoder(speculation_length)  # before to_neuron()\n    tnx_model.to_neuron()",
-     "    tnx_model.to_neuron()\n    tnx_model.enable_speculative_decoder(speculation_length)", "before"),
-    ("tnx", "tnx_reloaded.load", "    tnx_reloaded.load(compiled_dir)  # before to_neuron(): skips compilation\n    tnx_reloaded.to_neuron()",
-     "    tnx_reloaded.to_neuron()\n    tnx_reloaded.load(compiled_dir)", "load"),
+    ("tnx", "tnx_model.enable_speculative_decoder", "tnx_model.enable_speculative_decoder(speculation_length)  # before to_neuron()\ntnx_model.to_neuron()",
+     "tnx_model.to_neuron()\ntnx_model.enable_speculative_decoder(speculation_length)", "before"),
+    ("tnx", "tnx_reloaded.load", "tnx_reloaded.load(compiled_dir)  # before to_neuron(): skips compilation\ntnx_reloaded.to_neuron()",
+     "tnx_reloaded.to_neuron()\ntnx_reloaded.load(compiled_dir)", "load"),
     ("tnx", "tnx_model.save(", "tnx_model.save(compiled_dir)", "tnx_model.save(compiled_dir, sharded_weights=True)",
      "on_device_embedding"),
     ("tnx", "tnx_reloaded.sample(", "temperature=1.0", "temperature=1", "temperature"),
-    ("nxdi", "nxdi_model.load(", "    nxdi_model.compile(compiled_dir)\n", "", "model.pt does not exist"),
+    ("nxdi", "nxdi_model.load(", "nxdi_model.compile(compiled_dir)\n", "", "model.pt does not exist"),
 ])
 def test_wrong_call_order_fails_the_contract(stack, cell_text, old, new, match, contract):
     edit = _misspell(cell_text, old, new)
@@ -270,40 +270,42 @@ def test_wrong_call_order_fails_the_contract(stack, cell_text, old, new, match, 
     assert match in str(err.value)
 
 
-# ------------------------------------------------------------------------- the harness runs each cell alone
+# ------------------------------------------------------------------------- the harness runs each recipe alone
 def _replace_cells(stack, bodies):
-    """edit= hook: the fixture's ``stack`` Neuron cells become guarded cells with these bodies, in order."""
+    """edit= hook: the fixture's ``stack`` Neuron cells become recipe cells with these bodies, in order (the first
+    with the ``# EDIT`` block)."""
     indexes = [i for i, _ in harness.neuron_cells(nbformat.read(str(FIXTURE), as_version=4), stack)]
     assert len(indexes) == len(bodies) >= 2, "the fixture needs two Neuron cells per stack"
-    cells = dict(zip(indexes, bodies))
+    header = harness.RECIPE_HEADERS[stack][0]
+    cells = {i: f"{header}\n" + ("# EDIT\nmodel_dir = 1\n\n" if k == 0 else "") + f"{body}\n"
+             for k, (i, body) in enumerate(zip(indexes, bodies))}
 
     def edit(i, source):
-        return (f'import importlib.util\n\nif importlib.util.find_spec("{harness.LIBRARY[stack]}") is None:\n'
-                f'    print("Skipped:")\nelse:\n    # EDIT\n    {cells[i]}\n')
+        return cells[i]
     return edit, indexes
 
 
 @pytest.mark.parametrize("stack", harness.STACKS)
-def test_each_cell_runs_alone(stack, contract):
-    edit, indexes = _replace_cells(stack, ["seen = sorted(globals())", "print(sorted(globals()))"])
+def test_a_stacks_cells_run_in_one_namespace_of_their_own(stack, contract):
+    edit, indexes = _replace_cells(stack, ["seen = sorted(globals())", "later = sorted(globals())"])
     run = harness.run_neuron_cells(FIXTURE, stack, edit=edit)
-    first, second = (run.namespaces[i] for i in indexes)
-    assert "importlib" in first["seen"] and "tokenizer" not in first["seen"]  # only what the cell binds
-    assert "seen" not in second and "tokenizer" not in second and "bk" not in second  # a fresh namespace each
+    ns = run.namespaces[indexes[1]]
+    assert "model_dir" in ns["seen"] and "tokenizer" not in ns["seen"]  # only what the recipe binds
+    assert "seen" in ns["later"] and "tokenizer" not in ns["later"] and "bk" not in ns["later"]  # one recipe
     assert [s.index for s in run.steps] == indexes
 
 
 @pytest.mark.parametrize("stack,body,name", [
-    ("tnx", "print(marker)", "marker"),  # set by the first Neuron cell
-    ("nxdi", "print(tokenizer)", "tokenizer"),  # set by an untagged cell of the fixture
+    ("tnx", "print(bk)", "bk"),  # set by an untagged cell of the fixture
+    ("nxdi", "print(tokenizer)", "tokenizer"),
 ])
-def test_a_name_from_an_earlier_cell_fails(stack, body, name, contract):
+def test_a_name_from_another_cell_fails(stack, body, name, contract):
     edit, indexes = _replace_cells(stack, ["marker = 1", body])
     with pytest.raises(harness.HarnessError) as err:
         harness.run_neuron_cells(FIXTURE, stack, edit=edit)
     message = str(err.value)
     assert f"cell {indexes[1]}" in message and repr(name) in message, message
-    assert "name from an earlier cell" in message and "must stand alone" in message, message
+    assert "name from another cell" in message and "must stand alone" in message, message
 
 
 def test_a_name_error_from_deeper_down_stays_a_name_error(contract):
