@@ -96,3 +96,35 @@ def test_the_rules_catch_what_they_describe(tmp_path):
         test_every_plot_names_what_produced_it(path)
     with pytest.raises(AssertionError, match=r"cells \[2\]"):
         test_differences_come_with_their_spread(path)
+
+
+# ------------------------------------------------------------------------- lesson first (ci/lesson_counts.py)
+def _lesson_counts():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lesson_counts", REPO / "ci" / "lesson_counts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_recipe_comes_first_and_the_lesson_stays_short(path):
+    lc = _lesson_counts()
+    c, goals = lc.counts(path), lc.GOALS
+    assert c["first_neuron_cell"] is not None and c["first_neuron_cell"] < goals["first_neuron_cell_before"], (
+        f"{path.name}: the first Neuron recipe cell is cell {c['first_neuron_cell']}: show it within the first "
+        f"{goals['first_neuron_cell_before']} cells (title, what you will learn, the recipe)")
+    assert c["code_lines"] <= goals["code_lines_max"], (
+        f"{path.name}: {c['code_lines']} code lines outside the Neuron cells (goal at most {goals['code_lines_max']}): "
+        "move validation, repeats, spreads and metrics into helpers behind one call each")
+    assert c["markdown_words"] <= goals["markdown_words_max"], (
+        f"{path.name}: {c['markdown_words']} words of markdown (goal at most {goals['markdown_words_max']})")
+
+
+def test_the_median_notebook_has_at_most_100_code_lines():
+    import statistics
+
+    lc = _lesson_counts()
+    code = [lc.counts(p)["code_lines"] for p in NOTEBOOKS]
+    assert statistics.median(code) <= lc.GOALS["code_lines_median"], code

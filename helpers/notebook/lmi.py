@@ -1,7 +1,7 @@
 """Deploy step: the notebook's settings as a DJL LMI ``serving.properties`` for transformers-neuronx.
 
 Follows "Transformers-NeuronX Engine in LMI" (the DJL / SageMaker LMI guide,
-shared/reference/002_8213bce91041d037.txt): the Quick Start template (engine, model_id,
+https://docs.djl.ai/docs/serving/serving/docs/lmi/user_guides/tnx_user_guide.html): the Quick Start template (engine, model_id,
 entryPoint, rolling_batch, tensor_parallel_degree, max_rolling_batch_size, model_loading_timeout),
 ``option.quantize=static_int8`` and the "Advanced Transformers NeuronX Configurations" table
 (n_positions, context_length_estimate, group_query_attention, ...). Settings with no option there

@@ -49,7 +49,8 @@ def neuron_tp_degrees(tp_degrees, instance_family: str | None = None) -> tuple[l
 
 
 def tp_rules(models, families=("inf2", "trn1", "trn2")) -> list[dict]:
-    """The first rule of both guides' "Tensor-parallelism support" (shared/reference/001 and 003): "The number of
+    """The first rule of both guides' "Tensor-parallelism support" (the transformers-neuronx
+    developer guide, https://awsdocs-neuron.readthedocs-hosted.com/en/v2.28.1/archive/transformers-neuronx/transformers-neuronx-developer-guide.html, and the NxD Inference feature guide, https://awsdocs-neuron.readthedocs-hosted.com/en/v2.28.1/libraries/nxd-inference/developer_guides/feature-guide.html): "The number of
     attention heads needs to be divisible by the tensor-parallelism degree", checked against the degrees the Neuron
     runtime supports per family (``planner.PLATFORM_TP_DEGREES``). Per model: the degrees that divide its query
     heads, and for the others how many zero heads the libraries add (up to a multiple of tp; computed anyway)."""

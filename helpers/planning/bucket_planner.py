@@ -24,7 +24,8 @@ import numpy as np
 from . import buckets as bk
 
 RULES = ("tnx", "nxdi")
-# transformers-neuronx developer guide (shared/reference/001), Bucketing: "it is better to have all the bucket to be
+# transformers-neuronx developer guide (https://awsdocs-neuron.readthedocs-hosted.com/en/v2.28.1/archive/transformers-neuronx/transformers-neuronx-developer-guide.html),
+# Bucketing: "it is better to have all the bucket to be
 # multiples of 256 tokens"; beyond 2048, "extra buckets with multiple of 512 or 1024 tokens" ("It is not recommended
 # to add buckets of multiples of 256 tokens or smaller for context buckets beyond 2k to avoid bucket switching
 # latency"). ``align="guide"`` plans on that grid: multiples of 256 up to 2048, of 512 above.

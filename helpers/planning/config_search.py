@@ -1,5 +1,5 @@
 """Find the (tp_degree, batch_size, sequence_length) settings that fit, after optimum-neuron's workflow
-(shared/reference/004): iterate tp increasing, batch size decreasing, sequence length decreasing; once a
+(https://github.com/huggingface/optimum-neuron/blob/main/tools/export/AGENTS.md): iterate tp increasing, batch size decreasing, sequence length decreasing; once a
 setting is valid, skip the shorter sequence lengths of that (tp, batch); append every result to a JSON
 file as soon as it is known and, when the file exists, resume from it with the same skip rules.
 
@@ -30,8 +30,8 @@ MIN_SEQUENCE_LENGTH = 1024
 
 # Which tp degrees a model's attention heads allow, by whose rule:
 HEAD_RULES = {
-    # optimum-neuron's export workflow (004): "the tensor parallel size must divide the number of attention heads"
-    "divide": "the degree divides the attention heads (optimum-neuron's export rule, shared/reference/004)",
+    # optimum-neuron's export workflow: "the tensor parallel size must divide the number of attention heads"
+    "divide": "the degree divides the attention heads (optimum-neuron's export rule)",
     # transformers-neuronx (utils.py get_qkv_padding) and NxD Inference (get_number_of_extra_heads) pad the query
     # heads with zero heads up to a multiple of tp and build: aws-neuron-samples' inf2 Llama-3.x notebooks run
     # 32-head models at tp_degree=24 with transformers-neuronx

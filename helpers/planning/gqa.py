@@ -44,7 +44,7 @@ STRATEGIES = {**{g.value: g for g in GQA}, **{g.value: g for g in NxDIGQA}}
 
 # "Which strategy for which workload", in the guides' words (quoted, not paraphrased):
 # transformers-neuronx developer guide, "Grouped-query attention (GQA) support [Beta]"
-# (shared/reference/001_a3ae2df55f9a4dde.txt), one sentence per strategy.
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/v2.28.1/archive/transformers-neuronx/transformers-neuronx-developer-guide.html), one sentence per strategy.
 TNX_GUIDE_ADVICE = {
     GQA.SHARD_OVER_HEADS: "distributes K/V caches along head dimension. This can be only used when K/V heads is "
                           "multiple of tensor-parallelism degree. This is the default configuration.",
@@ -61,7 +61,8 @@ TNX_GUIDE_WORKLOAD = {GQA.SHARD_OVER_HEADS: "default: K/V heads a multiple of tp
                       GQA.SHARD_OVER_BATCH: "large batch",
                       GQA.REPLICATED_HEADS: "small batch, low latency",
                       GQA.ALL_GATHER_HEADS: "large batch, without replication"}
-# NxD Inference feature guide, "Grouped-query attention (GQA) support" (shared/reference/003_72490f044645be5f.txt).
+# NxD Inference feature guide, "Grouped-query attention (GQA) support"
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/v2.28.1/libraries/nxd-inference/developer_guides/feature-guide.html).
 NXDI_GUIDE_RULE = ("The NeuronAttentionBase module uses REPLICATE_TO_TP_DEGREE by default. If the TP degree isn't "
                    "divisible by the number of KV heads, NeuronAttentionBase uses CONVERT_TO_MHA.")
 

@@ -26,7 +26,7 @@ channel; embedding, LM head and norms stay in ``amp``.
 
 Not counted: what the Neuron runtime allocates besides (compiled graphs, their I/O and scratch, collective
 buffers). ``RUNTIME_RESERVE`` keeps a share of each core for it. It is an assumption, sized on the one
-measurement we have: reference 000 reports a 15.9 GB allocation on one 16 GiB inf2 core for Mistral-7B in
+measurement we have: a user's report (not published) of a 15.9 GB allocation on one 16 GiB inf2 core for Mistral-7B in
 bf16 at tp=1, where weights + KV cache are 13.7 GiB (14.8 GB): ~2 GiB, ~14 % of the core, went to the rest.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ RUNTIME_RESERVE = 0.15  # share of a core's HBM left to the runtime (see the mod
 CONFIG_DIR = Path(__file__).parent.parent / "model_configs"
 QUANT_BYTES = {None: None, "int8": 1, "s8": 1, "f8e4m3": 1, "f8e4m3fn": 1}
 
-# Reference 000: the allocation the user saw for Mistral-7B bf16 on one inf2 NeuronCore (tp_degree=1).
+# A user's report (not published): the allocation they saw for Mistral-7B bf16 on one inf2 NeuronCore (tp_degree=1).
 SEED_000 = {"model": "Mistral-7B-Instruct-v0.2", "instance": "inf2.xlarge", "tp_degree": 1, "batch_size": 1,
             "n_positions": 4096, "amp": "bf16", "observed_gb": 15.938}
 
