@@ -13,8 +13,8 @@
 # requirements.txt. Each run puts this stack's stand-in alone on PYTHONPATH in their place (an SDK venv holds one
 # of the two libraries: the other stack's cells skip, as on an instance). Then: the embedded model is converted
 # once under the pinned transformers (as python -m helpers.model_store does on an instance, docs/inf2.md), the
-# contract and stand-in tests of the stack run, ci/neuron_cells.py runs every Neuron cell of the stack alone as a
-# script (its # EDIT values from ci/params/neuron-cells.yaml, helpers imports from the cell refused) on two models:
+# contract and stand-in tests of the stack run, ci/neuron_cells.py runs every notebook's recipe of the stack (its
+# Neuron cells joined) as a script (its # EDIT values from ci/params/neuron-cells.yaml, helpers imports from the cell refused) on two models:
 # the embedded one, then a small random checkpoint shaped like the production Llama-3.1-8B-Instruct
 # (ci/production_model.py, built once under the lane's transformers and cached), and
 # ci/run_notebooks.py runs all notebooks with ci/params/inf2.yaml, the stack's overlay ci/params/inf2-<stack>.yaml
@@ -73,8 +73,8 @@ if [[ "$PARTS" == *" contract "* ]]; then
   "$VENV/bin/python" -m pytest tests/contract -q -ra -p no:cacheprovider -k "$STACK or not (tnx or nxdi)" || status=1
 fi
 
-# Every Neuron cell of this stack alone, as a script in its own process and an empty folder: what a reader who
-# copies the cell out of the repository runs (helpers imports from the cell's code fail there).
+# Every notebook's recipe of this stack, as a script in its own process and an empty folder: what a reader who
+# copies the recipe out of the repository runs (helpers imports from the cell's code fail there).
 SELECTED=()  # the notebooks named by --notebooks, if any, for the cells too
 collect=0
 for arg in "$@"; do

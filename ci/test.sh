@@ -4,8 +4,8 @@
 #   stream 1: every notebook once through papermill on the reference backend, at its own defaults
 #             (tests/test_notebooks.py, ci/params/cpu.yaml, metrics against ci/baselines/cpu.json; the executed
 #             notebooks, their HTML, logs, metrics and report.json kept in $OUT_DIR/notebooks/cpu), then the
-#             benchmarks' smoke runs (tests/test_benchmark.py), then the lanes' third part: every Neuron cell of
-#             each stack alone as a script against its stand-in, on the embedded model and on a production-shaped
+#             benchmarks' smoke runs (tests/test_benchmark.py), then the lanes' third part: every notebook's
+#             recipe of each stack (its Neuron cells joined) as a script against its stand-in, on the embedded model and on a production-shaped
 #             one (ci/neuron_sim.sh with NEURON_LANE_PARTS=cells; ci/production_model.py);
 #   stream 2: the unit tests of helpers (engine parity with transformers, the runner, ...), then the two
 #             neuron lanes (ci/neuron_sim.sh tnx, then nxdi) without their cells: the contract and
@@ -38,12 +38,12 @@ NOTEBOOKS_OUT="$(cd "${OUT_DIR:-out}" && pwd)/notebooks"  # tests/test_notebooks
 export NOTEBOOKS_OUT
 status=0
 
-# stream 1: the notebooks, the benchmark smoke runs, then every Neuron cell of both stacks alone as a script
+# stream 1: the notebooks, the benchmark smoke runs, then every recipe of both stacks as a standalone script
 (
   s=0
   .venv/bin/python -m pytest tests/test_notebooks.py tests/test_benchmark.py -q -ra "$@" > "$LOGS/notebooks.log" 2>&1 || s=1
   for stack in tnx nxdi; do
-    echo "== neuron lane, every Neuron cell alone as a script: $stack"
+    echo "== neuron lane, every recipe as a standalone script: $stack"
     NEURON_LANE_PARTS=cells bash ci/neuron_sim.sh "$stack" || s=1
   done > "$LOGS/cells.log" 2>&1
   exit $s
@@ -60,7 +60,7 @@ for stack in tnx nxdi; do
 done
 
 wait "$stream1" || status=1
-echo "== every Neuron cell alone as a script, both stacks (stream 1, after the notebooks)"
+echo "== every recipe as a standalone script, both stacks (stream 1, after the notebooks)"
 cat "$LOGS/cells.log"
 echo "== every notebook on the reference backend, then the benchmark smoke runs (stream 1)"
 cat "$LOGS/notebooks.log"

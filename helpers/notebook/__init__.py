@@ -5,6 +5,8 @@ Layer: the top floor; may import every layer below (``helpers.parallel``, ``help
 ``helpers.artifacts``, ``helpers.engine``, ``helpers.planning``, ``helpers.model_store``, ``helpers.prompts``).
 
 - ``backend``: ``backend`` = auto | reference | neuron, and the guards of Neuron-only cells
+- ``recipes``: ``%load_ext helpers.notebook.recipes``: the Neuron recipe cells run where their library imports
+- ``published``: what AWS and Hugging Face publish for a feature on inf2/trn1 (published, not measured here)
 - ``build``: ``build_model`` / ``load_model``, dispatching to the reference engine, its ranks or a Neuron stack
 - ``sharding``: tensor-parallel and GQA-sharding runs, tables and drawings (notebooks 01, 02)
 - ``bucket_bench``: TTFT and per-position latency per bucket (notebook 07)
