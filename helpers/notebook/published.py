@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from IPython.display import Markdown
+
 # The Neuron SDK documentation sources at tag v2.19.1, the last release whose "Inf2 Inference Performance" page
 # renders the decoder tables (the data files are byte-identical at v2.28.1, where the page no longer shows them).
 _INF2_PERF = "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.19.1/general/benchmarks/inf2/inf2-performance.html"
@@ -108,8 +110,6 @@ FIGURES: dict[str, tuple[Published, ...]] = {
 
 def published_table(feature: str):
     """The published figures of ``feature`` (a key of ``FIGURES``) as a Markdown table for the notebook."""
-    from IPython.display import Markdown
-
     if feature not in FIGURES:
         raise ValueError(f"feature {feature!r}: use one of {sorted(FIGURES)}")
     rows = ["| published figure (not measured here) | setting | instance | release | source |",
