@@ -192,3 +192,9 @@ def host_memory_rows(model="Llama-3.1-8B", amp: str = "bf16", platform: str = "i
              "checkpoint GB": round(checkpoint_bytes(model, amp) / GB, 1),
              f"estimate GiB ({HOST_FACTOR}x)": round(need / GiB, 1), "holds it": need <= i.host_memory_bytes}
             for i in INSTANCES.values() if i.platform == platform]
+
+
+if __name__ == "__main__":  # python -m helpers.planning.production: the table and lines docs/inf2.md carries
+    print(production_markdown())
+    for _stack in STACKS:
+        print(f"\n{STACK_NAMES[_stack]}:\n{recipe_comment(_stack)}")
