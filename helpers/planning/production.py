@@ -185,6 +185,29 @@ def production_markdown(stacks=STACKS) -> str:
     return "\n".join(lines)
 
 
+def smallest_tp_rows(models, stacks=STACKS, batch_size: int = 1, seq_len: int = 4096, amp: str = "bf16",
+                     instances=None) -> list[dict]:
+    """Per model and stack, per instance: the smallest tp degree that passes the module's three checks, or the rule
+    that refused its largest degree ("host memory", "#1289", "device memory"). Host memory counted, not only the
+    NeuronCores' (``memory.smallest_fitting_tp`` counts those alone)."""
+    names = {"host": "host memory", "kv_heads": "#1289", "device": "device memory"}
+    rows = []
+    for m in models:
+        for stack in stacks:
+            row = {"model": Shape.from_config(load_model_config(m)).name, "stack": stack}
+            for it in [instance(i) for i in (instances or INSTANCES)]:
+                why = None
+                for tp in it.tp_degrees:
+                    why = refusal(stack, m, it, tp, batch_size, seq_len, amp)
+                    if why is None:
+                        row[it.name] = tp
+                        break
+                else:
+                    row[it.name] = names[why.rule]
+            rows.append(row)
+    return rows
+
+
 def host_memory_rows(model="Llama-3.1-8B", amp: str = "bf16", platform: str = "inf2") -> list[dict]:
     """Per instance of ``platform``: its host memory against the load-and-compile estimate for ``model``."""
     need = host_memory_estimate(model, amp)
