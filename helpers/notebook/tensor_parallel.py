@@ -227,7 +227,7 @@ def check_parity(par: dict, ex: Experiment) -> None:
         assert par["hf_diff"] < LOGIT_TOL, f"tp=1 differs from Hugging Face by {par['hf_diff']}"
         assert all(v["max_logit_diff"] < LOGIT_TOL for v in p.values()), p
     assert all(v["tokens_equal"] for v in p.values()), f"greedy tokens differ from tp=1: {p}"
-    print(f"greedy tokens identical to tp=1 at tp {list(p)} ({par['compared']})"
+    print(f"greedy tokens identical to tp=1 at tp {list(p)}"
           + ("" if ex.bk.is_neuron else f"; logits within {LOGIT_TOL}"))
 
 
