@@ -12,6 +12,12 @@ Facts (Neuron documentation, SDK 2.26-2.28):
 - Trainium2 chip: 8 physical NeuronCore-v3, 96 GiB; trn2.48xlarge 16 chips; with the default Logical
   NeuronCore config LNC=2 that is 64 cores of ~24 GiB (.../neuron-hardware/trainium2.html,
   .../neuron-features/logical-neuroncore-config.html).
+- Host memory per instance (the "Host Memory (GiB)" column of the architecture pages at SDK 2.28.1): inf2.xlarge 16,
+  inf2.8xlarge 128, inf2.24xlarge 384, inf2.48xlarge 768
+  (https://awsdocs-neuron.readthedocs-hosted.com/en/v2.28.1/about-neuron/arch/neuron-hardware/inf2-arch.html);
+  trn1.2xlarge 32, trn1.32xlarge 512 (.../v2.28.1/about-neuron/arch/neuron-hardware/trn1-arch.html);
+  trn2.48xlarge 2,048 (.../v2.28.1/about-neuron/arch/neuron-hardware/trn2-arch.html). What loading and compiling
+  need of it is estimated in ``helpers.planning.production``.
 - Tensor-parallel degrees the runtime supports: Inf2 1, 2, 4, 8, 24; Trn1 1, 2, 8, 16, 32; Trn2 1, 2, 4, 8,
   16, 32, 64 (LNC=2). And "the total data size of model weights and key-value caches needs to be smaller
   than the tensor-parallelism degree multiplied by the amount of memory per Neuron core" (NxD Inference
@@ -60,6 +66,11 @@ class InstanceType:
     chips: int
     cores_per_chip: int    # NeuronCores the runtime exposes per chip (trn2: logical cores at LNC=2)
     hbm_per_chip_gib: int
+    host_memory_gib: int   # the instance's host (CPU) memory: it holds the checkpoint while loading and compiling
+
+    @property
+    def host_memory_bytes(self) -> int:
+        return self.host_memory_gib * GiB
 
     @property
     def cores(self) -> int:
@@ -76,13 +87,13 @@ class InstanceType:
 
 
 INSTANCES = {i.name: i for i in (
-    InstanceType("inf2.xlarge", "inf2", 1, 2, 32),
-    InstanceType("inf2.8xlarge", "inf2", 1, 2, 32),
-    InstanceType("inf2.24xlarge", "inf2", 6, 2, 32),
-    InstanceType("inf2.48xlarge", "inf2", 12, 2, 32),
-    InstanceType("trn1.2xlarge", "trn1", 1, 2, 32),
-    InstanceType("trn1.32xlarge", "trn1", 16, 2, 32),
-    InstanceType("trn2.48xlarge", "trn2", 16, 4, 96),
+    InstanceType("inf2.xlarge", "inf2", 1, 2, 32, 16),
+    InstanceType("inf2.8xlarge", "inf2", 1, 2, 32, 128),
+    InstanceType("inf2.24xlarge", "inf2", 6, 2, 32, 384),
+    InstanceType("inf2.48xlarge", "inf2", 12, 2, 32, 768),
+    InstanceType("trn1.2xlarge", "trn1", 1, 2, 32, 32),
+    InstanceType("trn1.32xlarge", "trn1", 16, 2, 32, 512),
+    InstanceType("trn2.48xlarge", "trn2", 16, 4, 96, 2048),
 )}
 
 
