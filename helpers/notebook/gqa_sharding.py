@@ -14,6 +14,8 @@ import warnings
 from dataclasses import dataclass, field
 from functools import partial
 
+import torch
+
 from ..model_store import load_tokenizer, resolve_model_path
 from ..planning import memory as planner
 from ..planning.gqa import as_strategy, resolve_layout
@@ -67,12 +69,13 @@ class GQARun:
         return encode_prompts(self.tok, self.prompts[:batch], batch)
 
 
-def setup(backend="reference", neuron_stack=None, device="cpu", model_path=None, amp="f32", tp_degree=2,
+def setup(backend="reference", neuron_stack=None, device="cpu", model_path=None, seed=0, amp="f32", tp_degree=2,
           strategy="shard-over-heads", batch_size=1, parity_tp_degrees=(1, 2, 3), parity_batch_sizes=(1, 3),
           sob_case=(3, 3), max_new_tokens=6, repeats=5, n_positions=128, threads_per_rank=1,
           prompts=("What is grouped-query attention?", "Name a prime number.", "Say hello.")) -> GQARun:
     """Validate the parameters (raises, naming the fix), resolve the backend and model, print what runs."""
     bk = resolve_backend(backend, neuron_stack, device)
+    torch.manual_seed(seed)  # decoding is greedy here; the seed fixes anything else drawn
     requested = as_strategy(strategy)  # raises on an unknown name, listing the valid ones
     if min(tp_degree, batch_size, repeats, *parity_tp_degrees, *parity_batch_sizes) < 1 or max_new_tokens < 2:
         raise ValueError("tp_degree, batch_size, repeats, parity_tp_degrees, parity_batch_sizes: 1 or more; "

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..engine.config import NeuronConfig
 from ..model_store import load_hf_model, load_tokenizer, resolve_model_path
 from ..neuron.migration import bucket_plan, greedy_agreement, memory_plan, reference_nxdi_settings
 from ..neuron.settings import neuron_settings
@@ -53,8 +54,6 @@ def setup(backend="reference", neuron_stack=None, device="cpu", model_path=None,
           n_positions=256, context_length_estimate=(64, 128), tp_degree=1, fuse_qkv=True,
           prompts=("The capital of France is", "Name three uses of a paperclip:"), max_new_tokens=16):
     """Validate the parameters (raises, naming the fix), resolve backend and model, encode the rows, print what runs."""
-    from ..engine.config import NeuronConfig
-
     if batch_size < 1 or max_new_tokens < 1 or tp_degree < 1 or not prompts:
         raise ValueError("batch_size, tp_degree, max_new_tokens: 1 or more; prompts: at least one")
     bk = resolve_backend(backend, neuron_stack, device)
