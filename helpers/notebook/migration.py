@@ -100,7 +100,7 @@ def migrate(run: MigrationRun) -> tuple[dict, dict]:
         out = built[name].sample(run.enc.input_ids, run.prompt_len + run.max_new_tokens, top_k=1,
                                  attention_mask=run.enc.attention_mask)
         agreement[name] = greedy_agreement(out[:, run.prompt_len:], run.oracle, run.eos_ids)
-        print(f"{name} (ran on {measured_by(run.bk)}): {agreement[name]}\n"
+        print(f"{name}, run by {measured_by(run.bk)}: {agreement[name]}\n"
               f"   {run.tok.decode(out[0, run.prompt_len:], skip_special_tokens=True)!r}")
     return built, agreement
 
