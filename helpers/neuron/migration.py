@@ -53,7 +53,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("tp_degree=2", {"tp_degree": 2}, {}, "01 02 03 04 08"),
     Knob("batch_size=4", {"batch_size": 4}, {}, "02 04 09"),
     Knob("n_positions=2048 (int)", {"n_positions": 2048}, {}, "07"),
-    Knob("n_positions=[128, 512] (list)", {"n_positions": [128, 512]}, {"n_positions": 512}, "07"),
+    # against the base settings (not n_positions=512): the row shows seq_len, which NxD Inference needs besides
+    # the bucket list (the list's largest bucket)
+    Knob("n_positions=[128, 512] (list)", {"n_positions": [128, 512]}, {}, "07"),
     Knob("context_length_estimate=None (default)", {}, {"context_length_estimate": 64}, "all"),
     Knob("context_length_estimate=[64, 128]", {"context_length_estimate": [64, 128]}, {}, "07"),
     Knob("amp='bf16'", {"amp": "bf16"}, {}, "all"),
@@ -217,13 +219,15 @@ def bucket_choice(buckets, lengths) -> list[dict]:
 def memory_plan(model, tp_degrees, batch_size: int = 1, n_positions: int = 2048, amp: str = "bf16",
                 instance_type: str = "inf2.xlarge") -> list[dict]:
     """Bytes per NeuronCore each stack holds for the same settings, at its default GQA strategy and embedding
-    placement (``helpers.planning.memory.plan``): weights, KV cache, the strategy chosen, or the stack's refusal;
+    placement (``helpers.planning.memory.plan``): weights, KV cache (and KV heads per core), the strategy chosen,
+    or the stack's refusal;
     ``fits``: within the core's HBM less the runtime's reserve (``Plan.fits``)."""
     rows = []
     for tp in tp_degrees:
         for lib in ("tnx", "nxdi"):
             p = plan(model, tp, batch_size=batch_size, n_positions=n_positions, amp=amp, library=lib)
             rows.append({"model": p.model, "tp": tp, "library": lib, "strategy": p.strategy,
+                         "kv_heads_per_core": p.kv_heads_per_core,
                          "weight_bytes": p.weight_bytes, "kv_bytes": p.kv_bytes, "total_bytes": p.total_bytes,
                          "embedding_bytes": p.breakdown.get("embedding", 0), "error": p.error,
                          "fits": p.fits(instance_type), "usable_bytes": p.usable_bytes(instance_type)})
