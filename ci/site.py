@@ -265,22 +265,20 @@ def run_stamp(stem: str, nb, result: dict | None, environment: dict, lanes: dict
         "```{admonition} Last executed and verified",
         ":class: run-stamp",
         "",
-        "| | |",
-        "| --- | --- |",
-        f"| Executed | {md(executed)}: **{md(status)}** (papermill, ci/run_notebooks.py) |",
-        f"| Commit | {commit_text(environment)} |",
-        f"| Backend, device | `{md(backend)}` on `{md(device)}` |",
-        f"| CPU | {md(cpu)} |",
-        f"| torch, transformers | {md(environment.get('torch') or NOT_RECORDED)}, "
-        f"{md(environment.get('transformers') or NOT_RECORDED)} |",
+        f":Executed: {executed}: **{status}** (papermill, ci/run_notebooks.py)",
+        f":Commit: {commit_text(environment)}",
+        f":Backend, device: `{backend}` on `{device}`",
+        f":CPU: {cpu}",
+        f":torch, transformers: {environment.get('torch') or NOT_RECORDED}, "
+        f"{environment.get('transformers') or NOT_RECORDED}",
     ]
     for stack in STACKS:
-        name = RECIPE_HEADERS[stack][2]
         cells = lane_cells_text(lanes.get((stem, stack)))
         whole = lane_nbs.get((stem, stack))
         if whole:
             cells += f"; the whole notebook on `backend=\"neuron\"` against the stand-in: **{whole.get('status')}**"
-        lines.append(f"| Neuron recipe, {md(name)} | {cells}; {hardware_text(hardware.get((stem, stack)))} |")
+        lines.append(f":{RECIPE_HEADERS[stack][2].split(',')[0]} recipe: {cells}. "
+                     f"{hardware_text(hardware.get((stem, stack)))}.")
     lines += ["", "Figures on this page were measured by the backend above; on `reference` none is a Neuron "
               "measurement. [All recipes and their stamps](../recipes.md).", "```"]
     return "\n".join(lines)
@@ -295,18 +293,18 @@ def lane_cells_text(rows: list[dict] | None) -> str:
         result = "PASS" if row.get("passed") else "FAIL"
         parts.append(f"**{result}** on the {row.get('model')} model ({row.get('seconds', 0):.0f} s)")
     last = max(rows, key=lambda r: r.get("finished") or "")
-    lib = "the stand-in (tests/neuron_sim)" if last.get("stand_in") else (last.get("library") or "its library")
+    lib = "the stand-in" if last.get("stand_in") else (last.get("library") or "its library")
     return (f"standalone script against {lib} in the neuron lane: " + ", ".join(parts)
-            + f"; {when(last.get('finished'))}, commit {commit_text(last)}, transformers "
-            + (last.get("transformers") or NOT_RECORDED))
+            + f" ({when(last.get('finished'))}, commit {commit_text(last)}, transformers "
+            + (last.get("transformers") or NOT_RECORDED) + ")")
 
 
 def hardware_text(record: dict | None) -> str:
     if record and record.get("ran"):
         env = record.get("environment") or {}
-        return (f"**ran on an inf2 instance** ({record.get('status')}, {when(record.get('started'))}, "
+        return (f"**Ran on an inf2 instance** ({record.get('status')}, {when(record.get('started'))}, "
                 f"commit {commit_text(env)})")
-    return "**never run on Neuron hardware** (no inf2 run recorded)"
+    return "**Never run on Neuron hardware** (no inf2 run recorded)"
 
 
 RAW_ANCHOR = re.compile(r"<a\s+(?:id|name)=\"([\w-]+)\"\s*>\s*</a>")
@@ -406,22 +404,38 @@ def recipes_page(recipes: list[dict], lanes: dict, hardware: dict) -> str:
             source = (f"[{sig['repository']} {sig['release']}](https://github.com/{sig['repository']}/tree/"
                       f"{sig['commit']}) (commit `{sig['commit'][:7]}`, {sig['entries']} public callables compared)")
         mine = [r for r in recipes if r["stack"] == stack]
+        models = sorted({row.get("model") for r in mine for row in lanes.get((r["notebook"], stack)) or []},
+                        key=lambda m: (m != "embedded", m))  # the lanes' order: embedded first
         lines += [f"## {RECIPE_HEADERS[stack][2]}", "", f"API checked against {source}.", "",
-                  "| notebook | feature | the recipe | Neuron lane (standalone script) | Neuron hardware |",
-                  "| --- | --- | --- | --- | --- |"]
+                  "| " + " | ".join(["notebook", "feature", *(f"lane: {m} model" for m in models),
+                                     "Neuron hardware"]) + " |", "|" + " --- |" * (len(models) + 3)]
+        for r in mine:
+            stem = r["notebook"]
+            rows = {row.get("model"): row for row in lanes.get((stem, stack)) or []}
+            short = [NOT_RECORDED if m not in rows else "**PASS**" if rows[m].get("passed") else "**FAIL**"
+                     for m in models]
+            on_hw = (hardware.get((stem, stack)) or {}).get("ran")
+            lines.append("| " + " | ".join([f"{{ref}}`{stem} <stamp-{stem}-{stack}>`", md(r["title"]), *short,
+                                            "ran on inf2" if on_hw else "never"]) + " |")
+        if not mine:
+            lines.append("| no recipe found | |" + " |" * len(models) + " |")
+        lines.append("")
         for r in mine:
             stem = r["notebook"]
             if r["page"]:
-                place = (f"{{ref}}`cells {', '.join(str(i) for i in r['cells'])} <recipe-{stem}-{stack}>`, "
-                         f"<a href=\"notebooks/{stem}.html#neuron-code\">section</a>")
-                name = f"[`{stem}`](notebooks/{stem}.ipynb)"
+                place = (f"{{ref}}`cells {', '.join(str(i) for i in r['cells'])} of the notebook "
+                         f"<recipe-{stem}-{stack}>`, in <a href=\"notebooks/{stem}.html#neuron-code\">its Neuron "
+                         "section</a>")
             else:
-                place, name = "notebook not executed in this run", f"`{stem}`"
-            lines.append(f"| {name} | {md(r['title'])} | {place} | {md(lane_cells_text(lanes.get((stem, stack))))}"
-                         f" | {md(hardware_text(hardware.get((stem, stack))))} |")
-        if not mine:
-            lines.append("| | no recipe found | | | |")
-        lines.append("")
+                place = f"cells {', '.join(str(i) for i in r['cells'])} of `notebooks/{stem}.ipynb` (not executed " \
+                        "in this run: no page)"
+            lines += [f"(stamp-{stem}-{stack})=", f"```{{admonition}} {stem} · {r['title']} · "
+                      f"{RECIPE_HEADERS[stack][2].split(',')[0]}", ":class: recipe-stamp", "",
+                      f":The recipe: {place}",
+                      f":API: checked against {sig['repository'] or NOT_RECORDED} {sig['release'] or ''} "
+                      f"(commit `{(sig['commit'] or NOT_RECORDED)[:7]}`) through its stand-in",
+                      f":Neuron lane: {lane_cells_text(lanes.get((stem, stack)))}",
+                      f":Neuron hardware: {hardware_text(hardware.get((stem, stack)))}", "```", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -439,13 +453,15 @@ exclude_patterns = ["_build"]
 nb_execution_mode = "off"          # never run a notebook here: show the run's outputs
 nb_merge_streams = True            # a stream written a word at a time reads as one text
 nb_output_stderr = "show"          # ci/site.py has already taken the build environment's warnings out
-myst_enable_extensions = ["colon_fence"]
+myst_enable_extensions = ["colon_fence", "fieldlist"]
 suppress_warnings = ["mystnb.unknown_mime_type"]
 '''
 
-CSS = """/* ci/site.py: the stamp under each notebook's title */
-.run-stamp table { font-size: 0.85em; margin: 0; }
-.run-stamp td:first-child { white-space: nowrap; font-weight: 600; }
+CSS = """/* ci/site.py: the stamp under each notebook's title; the recipes' table */
+.run-stamp { font-size: 0.9em; }
+.run-stamp dl.field-list { grid-template-columns: max-content auto; margin-bottom: 0.5em; }
+.run-stamp dl.field-list > dt { padding-right: 1em; }
+.recipes-table td { font-size: 0.85em; vertical-align: top; }
 """
 
 

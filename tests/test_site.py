@@ -159,7 +159,7 @@ def test_notebook_pages_carry_their_stamp_and_plots(site):
         assert "run-stamp" in html and "Last executed and verified" in text
         for fact in ("2026-11-29 03:39 UTC", "PASS", SHA[:10], "reference", "cpu", CPU, "2.13.0", "5.23.0"):
             assert fact in text, (stem, fact)
-        assert "standalone script against the stand-in" in text and "never run on Neuron hardware" in text
+        assert "standalone script against the stand-in" in text and "Never run on Neuron hardware" in text
         assert "standalone run in the neuron lane: not recorded" in text  # nxdi: no lane record
         images = re.findall(r'<img[^>]+src="([^"]+\.png)"', html)
         assert images and all((out / "notebooks" / src).resolve().is_file() for src in images)
@@ -198,14 +198,18 @@ def test_recipes_page_lists_every_recipe_with_its_stamp(site):
               for s in ("tnx", "nxdi")}
     for commit in pinned.values():
         assert commit[:7] in text
-    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", (out / "recipes.html").read_text(), re.S)
-    body = [_text(r) for r in rows if "<td" in r]
-    assert len(body) == 6  # 3 notebooks x 2 stacks, the one not executed included
-    assert sum("never run on Neuron hardware" in r for r in body) == 6
-    assert any("01_alpha" in r and "PASS on the production-shaped model" in r for r in body)
-    assert any("02_beta" in r and "FAIL on the production-shaped model" in r for r in body)
-    assert sum("standalone run in the neuron lane: not recorded" in r for r in body) == 4  # tnx of 03, nxdi of all
-    assert any("03_gamma" in r and "not executed in this run" in r for r in body)
+    html = (out / "recipes.html").read_text()
+    rows = [_text(r) for r in re.findall(r"<tr[^>]*>(.*?)</tr>", html, re.S) if "<td" in r]
+    assert len(rows) == 6  # 3 notebooks x 2 stacks, the one not executed included
+    stamps = [_text(s) for s in re.split(r'<div class="[^"]*recipe-stamp[^"]*"', html)[1:]]
+    assert len(stamps) == 6
+    assert all("Never run on Neuron hardware" in s for s in stamps)
+    assert any("01_alpha" in s and "PASS on the production-shaped model" in s for s in stamps)
+    assert any(s.startswith(" 02_beta") or "02_beta" in s[:80] and "FAIL on the production-shaped model" in s
+               for s in stamps)
+    assert sum("standalone run in the neuron lane: not recorded" in s for s in stamps) == 4  # tnx of 03, all nxdi
+    assert any("03_gamma" in s[:80] and "not executed in this run" in s for s in stamps)
+    assert any("02_beta" in r and "FAIL" in r for r in rows) and all(r.rstrip().endswith("never") for r in rows)
 
 
 def test_link_check_finds_broken_links_and_paths_outside(tmp_path):
