@@ -369,8 +369,8 @@ def index_page(pages: dict[str, str], missing: list[str], environment: dict, com
     intro = readme.split("\n## ", 1)[0].split("\n", 1)[1].strip()
     start = re.search(r"^## Start here\n(.*?)(?=^## )", readme, re.S | re.M)
     body = start.group(1).strip() if start else ""
-    built = (f"This book shows the notebooks as they ran in the run of commit {commit_text(environment)}, "
-             f"started {when(environment.get('started'))} (CPU: {environment.get('cpu_model') or NOT_RECORDED}). "
+    built = (f"This book shows the notebooks as they ran (commit: {commit_text(environment)}; run started: "
+             f"{when(environment.get('started'))}; CPU: {environment.get('cpu_model') or NOT_RECORDED}). "
              "Each page carries the stamp of its run under its title; the harness cells (imports, parameters, "
              "set-up, metrics) are collapsed: click \"Show code cell source\" to open one. "
              "[Neuron recipes](recipes.md) lists every recipe for transformers-neuronx and NxD Inference with how it "
@@ -406,16 +406,19 @@ def recipes_page(recipes: list[dict], lanes: dict, hardware: dict) -> str:
         mine = [r for r in recipes if r["stack"] == stack]
         models = sorted({row.get("model") for r in mine for row in lanes.get((r["notebook"], stack)) or []},
                         key=lambda m: (m != "embedded", m))  # the lanes' order: embedded first
-        lines += [f"## {RECIPE_HEADERS[stack][2]}", "", f"API checked against {source}.", "",
-                  "| " + " | ".join(["notebook", "feature", *(f"lane: {m} model" for m in models),
-                                     "Neuron hardware"]) + " |", "|" + " --- |" * (len(models) + 3)]
+        lines += [f"## {RECIPE_HEADERS[stack][2]}", "", f"API checked against {source}. The neuron lane's "
+                  "standalone runs by model, and runs on an inf2 instance (each notebook links to its recipe's "
+                  "stamp below):", "",
+                  "| " + " | ".join(["notebook", "feature", *models, "on inf2"]) + " |",
+                  "|" + " --- |" * (len(models) + 3)]
         for r in mine:
             stem = r["notebook"]
             rows = {row.get("model"): row for row in lanes.get((stem, stack)) or []}
             short = [NOT_RECORDED if m not in rows else "**PASS**" if rows[m].get("passed") else "**FAIL**"
                      for m in models]
             on_hw = (hardware.get((stem, stack)) or {}).get("ran")
-            lines.append("| " + " | ".join([f"{{ref}}`{stem} <stamp-{stem}-{stack}>`", md(r["title"]), *short,
+            lines.append("| " + " | ".join([f"{{ref}}`{stem} <stamp-{stem}-{stack}>`", md(r["title"].split(":")[0]),
+                                            *short,
                                             "ran on inf2" if on_hw else "never"]) + " |")
         if not mine:
             lines.append("| no recipe found | |" + " |" * len(models) + " |")
@@ -461,7 +464,11 @@ CSS = """/* ci/site.py: the stamp under each notebook's title; the recipes' tabl
 .run-stamp { font-size: 0.9em; }
 .run-stamp dl.field-list { grid-template-columns: max-content auto; margin-bottom: 0.5em; }
 .run-stamp dl.field-list > dt { padding-right: 1em; }
-.recipes-table td { font-size: 0.85em; vertical-align: top; }
+/* the book theme keeps a margin column for side notes, which these pages have none of: give code and outputs the room */
+@media (min-width: 1200px) { .bd-main .bd-content .bd-article-container { max-width: 100%; } }
+table.table td { vertical-align: top; }
+/* printed text wraps as in JupyterLab (a streamed answer is one long line); code keeps its lines */
+div.cell_output div.output pre { white-space: pre-wrap; overflow-wrap: anywhere; }
 """
 
 

@@ -19,11 +19,11 @@ OUT=${OUT_DIR:-out}
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -m pip freeze 2>/dev/null | grep -qxF -f <(grep -E '^[A-Za-z].*==' requirements-site.txt) \
-   || [ "$("$VENV/bin/python" -m pip freeze 2>/dev/null | grep -cxF -f <(grep -E '^[A-Za-z].*==' requirements-site.txt))" \
-        != "$(grep -cE '^[A-Za-z].*==' requirements-site.txt)" ]; then
+# installed once per version of requirements-site.txt (a copy in the venv records which)
+if ! cmp -s requirements-site.txt "$VENV/requirements-site.txt"; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q -r requirements-site.txt
+  cp requirements-site.txt "$VENV/requirements-site.txt"
 fi
 if [ "${1:-}" = "--setup" ]; then
   "$VENV/bin/python" -m sphinx --version
