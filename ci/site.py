@@ -425,13 +425,12 @@ def recipes_page(recipes: list[dict], lanes: dict, hardware: dict) -> str:
         lines.append("")
         for r in mine:
             stem = r["notebook"]
+            cells = f"{len(r['cells'])} code cell" + ("s" if len(r["cells"]) > 1 else "")
             if r["page"]:
-                place = (f"{{ref}}`cells {', '.join(str(i) for i in r['cells'])} of the notebook "
-                         f"<recipe-{stem}-{stack}>`, in <a href=\"notebooks/{stem}.html#neuron-code\">its Neuron "
-                         "section</a>")
+                place = (f"{{ref}}`{cells} <recipe-{stem}-{stack}>` in <a href=\"notebooks/{stem}.html#neuron-code\">"
+                         "the notebook's Neuron section</a>")
             else:
-                place = f"cells {', '.join(str(i) for i in r['cells'])} of `notebooks/{stem}.ipynb` (not executed " \
-                        "in this run: no page)"
+                place = f"{cells} in `notebooks/{stem}.ipynb` (not executed in this run: no page)"
             lines += [f"(stamp-{stem}-{stack})=", f"```{{admonition}} {stem} · {r['title']} · "
                       f"{RECIPE_HEADERS[stack][2].split(',')[0]}", ":class: recipe-stamp", "",
                       f":The recipe: {place}",
