@@ -246,7 +246,7 @@ def md(text: str) -> str:
 
 
 def run_stamp(stem: str, nb, result: dict | None, environment: dict, lanes: dict, lane_nbs: dict,
-              hardware: dict) -> str:
+              hardware: dict, metrics: dict | None = None) -> str:
     """The stamp under a notebook's title, as a MyST admonition."""
     pm = nb.metadata.get("papermill", {})
     params = {**(pm.get("default_parameters") or {}), **(pm.get("parameters") or {}), **((result or {}).get(
@@ -272,6 +272,14 @@ def run_stamp(stem: str, nb, result: dict | None, environment: dict, lanes: dict
         f":torch, transformers: {environment.get('torch') or NOT_RECORDED}, "
         f"{environment.get('transformers') or NOT_RECORDED}",
     ]
+    if result and result.get("error"):
+        lines.append(f":Error: {md(result['error'])}")
+    checks = NOT_RECORDED if metrics is None else f"{len(metrics)} key figures written by the notebook"
+    if result is not None and metrics is not None:
+        regressions, unmeasurable = result.get("regressions") or [], result.get("not_measurable") or []
+        checks += (f"; against the baselines: {len(regressions)} regression" + ("s" if len(regressions) != 1 else "")
+                   + (f", {len(unmeasurable)} timing claim(s) not measurable on this machine" if unmeasurable else ""))
+    lines.append(f":Metrics: {checks}")
     for stack in STACKS:
         cells = lane_cells_text(lanes.get((stem, stack)))
         whole = lane_nbs.get((stem, stack))
@@ -498,7 +506,7 @@ def build(args) -> int:
         title = title_of(nb, stem)
         if stem in executed:
             stamp = run_stamp(stem, nb, (report.get("notebooks") or {}).get(stem), environment, lane_rows,
-                              lane_nbs, hardware)
+                              lane_nbs, hardware, read_json(run / "metrics" / f"{stem}.json"))
             stage_notebook(executed[stem], src / "notebooks" / f"{stem}.ipynb", stamp, cells)
             pages[stem] = title
         for stack, idx in cells.items():

@@ -115,6 +115,8 @@ def site(tmp_path_factory):
               "notebooks": {s: {"notebook": s, "status": "PASS", "duration": 74.0,
                                 "parameters": {"backend": "reference", "device": "cpu"}} for s in ("01_alpha", "02_beta")}}
     (run / "report.json").write_text(json.dumps(report))
+    (run / "metrics").mkdir()
+    (run / "metrics" / "01_alpha.json").write_text(json.dumps({"ttft_ms": 12.5, "tokens": 48}))
     rows = [{"notebook": nb, "stack": "tnx", "model": model, "passed": not (nb == "02_beta" and model != "embedded"),
              "seconds": 12.5, "finished": "2026-11-29T03:50:00+00:00", "commit": SHA, "dirty": False,
              "library": "neuron-stand-ins", "stand_in": True, "transformers": "4.47.1"}
@@ -164,6 +166,8 @@ def test_notebook_pages_carry_their_stamp_and_plots(site):
         images = re.findall(r'<img[^>]+src="([^"]+\.png)"', html)
         assert images and all((out / "notebooks" / src).resolve().is_file() for src in images)
         assert 'id="neuron-code"' in html
+        assert ("2 key figures written by the notebook; against the baselines: 0 regressions" if stem == "01_alpha"
+                else "Metrics: not recorded") in text
     assert not (out / "notebooks" / "03_gamma.html").exists()
     assert "03_gamma" in _text((out / "index.html").read_text())  # named as not executed
 
