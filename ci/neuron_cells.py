@@ -22,7 +22,7 @@ saying it was skipped. Exit status 1 when any failed; a table names each recipe,
 Besides the table, ``<out>/results.json`` records every run of a recipe, one row per recipe and model (notebook,
 stack, model, passed, seconds, the commit and time of the run, the library that ran it: the stand-in or the real one,
 and transformers' version), written after each recipe; a later run replaces the rows of the recipes and models it
-ran and keeps the others (each row carries its own commit and time). ci/site.py prints them in the book.
+ran and keeps the others (each row carries its own commit and time). ci/build_site.py prints them in the book.
 """
 from __future__ import annotations
 

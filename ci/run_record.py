@@ -1,7 +1,7 @@
 """What a run records about itself: the commit it ran, when, and on what machine and packages.
 
 ci/run_notebooks.py writes it into ``report.json`` (``environment``) and ci/neuron_cells.py into every row of its
-``results.json``; ci/site.py prints it on the book's pages. Only what the machine says: a value it cannot find is
+``results.json``; ci/build_site.py prints it on the book's pages. Only what the machine says: a value it cannot find is
 None (the book then says "not recorded"), never a guess.
 """
 from __future__ import annotations

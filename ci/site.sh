@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Build the book: a static site of the executed notebooks in out/site (or $OUT_DIR/site), with every Neuron recipe
-# and its verification stamp (ci/site.py; Sphinx + MyST-NB + sphinx-book-theme, pinned in requirements-site.txt).
+# and its verification stamp (ci/build_site.py; Sphinx + MyST-NB + sphinx-book-theme, pinned in requirements-site.txt).
 #
 #   bash ci/site.sh            # set up .venv-site, run the notebooks first when out/ has no executed copies, build
 #   bash ci/site.sh --setup    # only build .venv-site
 #   bash ci/site.sh --no-run   # never run the notebooks (CI: they ran in ci/test.sh); fail when there are none
-#   bash ci/site.sh --run out-alt/notebooks/cpu-alt --out out/site-alt   # other arguments go to ci/site.py
+#   bash ci/site.sh --run out-alt/notebooks/cpu-alt --out out/site-alt   # other arguments go to ci/build_site.py
 #
 # It reads the runs' own records: out/notebooks/cpu (ci/test.sh) or out/ (ci/notebooks.sh) for the executed
 # notebooks, report.json and metrics; out/neuron-sim-<stack>/cells/results.json for the lanes' standalone runs of the
@@ -41,4 +41,4 @@ if ! has_run && [[ " $* " != *" --run "* ]]; then
   echo "no executed notebooks in $OUT: running them first (bash ci/notebooks.sh)"
   bash ci/notebooks.sh
 fi
-exec "$VENV/bin/python" ci/site.py "$@"
+exec "$VENV/bin/python" ci/build_site.py "$@"

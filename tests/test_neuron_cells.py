@@ -251,7 +251,7 @@ def test_runner_runs_every_cell_on_both_models(tmp_path, capsys):
     assert [(r[1], r[2]) for r in rows] == [("embedded", "99_x-tnx"), ("production-shaped", "99_x-tnx")], table
     for model in runner.MODELS:
         assert f"on /ckpt/{model}" in (tmp_path / "out" / "tnx" / model / "99_x-tnx.log").read_text()
-    # the machine-readable record beside the logs (ci/site.py reads it): one row per recipe and model
+    # the machine-readable record beside the logs (ci/build_site.py reads it): one row per recipe and model
     rows = json.loads((tmp_path / "out" / "results.json").read_text())["results"]
     assert [(r["notebook"], r["stack"], r["model"], r["passed"]) for r in rows] == [
         ("99_x", "tnx", "embedded", True), ("99_x", "tnx", "production-shaped", True)]

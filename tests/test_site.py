@@ -1,10 +1,10 @@
-"""The book (ci/site.sh, ci/site.py): built from a small set of executed notebooks, then read back offline.
+"""The book (ci/site.sh, ci/build_site.py): built from a small set of executed notebooks, then read back offline.
 
 Two synthetic executed notebooks (written with nbformat, shaped like ours: title, ``%load_ext``, the
 ``#neuron-code`` section with a recipe per stack, harness cells, a stream written a word per flush, a progress bar,
 a plot, tqdm's IProgress warning and a warning of the lesson) and one notebook that was not executed, with the
 records a run leaves (report.json with its environment, the lanes' results.json). The site is built by
-ci/site.py in .venv-site (set up by ci/test.sh, or here when it is missing), and checked: every internal link and
+ci/build_site.py in .venv-site (set up by ci/test.sh, or here when it is missing), and checked: every internal link and
 anchor resolves and nothing points outside the site (ci/site_check.py), each notebook page carries its stamp and its
 plot, the recipes page lists every recipe with its stamp, streams are merged, the environment's warning is gone.
 """
@@ -125,7 +125,7 @@ def site(tmp_path_factory):
     (records / "neuron-sim-tnx" / "cells" / "results.json").write_text(json.dumps({"results": rows}))
     out = tmp / "site"
     env = {k: v for k, v in os.environ.items() if k not in ("GITHUB_REPOSITORY", "OUT_DIR")}
-    proc = subprocess.run([str(SITE_PYTHON), str(REPO / "ci" / "site.py"), "--records", str(records),
+    proc = subprocess.run([str(SITE_PYTHON), str(REPO / "ci" / "build_site.py"), "--records", str(records),
                            "--notebooks-dir", str(sources), "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -243,3 +243,20 @@ def test_the_run_records_its_environment(tmp_path):
     runner.write_report(tmp_path, [runner.Result(notebook="01_x")], {}, {**env, "started": run_record.now()})
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["environment"]["torch"] == env["torch"] and report["environment"]["started"].endswith("+00:00")
+
+
+def test_notebook_links_stay_inside_the_book():
+    """A notebook's markdown links as the book rewrites them: raw anchors as HTML links, other notebooks to their
+    pages (or text when not executed), repository files to text (no repository known offline), docs/img/ images."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_site_for_test", REPO / "ci" / "build_site.py")
+    book = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(book)
+    text = ("[code](#neuron-code), [s2](#2-stream), [03](03_streaming.ipynb#x), [05](05_speculative.ipynb), "
+            "[h](../helpers/notebook/streaming.py), ![img](../docs/img/a.png), [u](https://x.org)")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("GITHUB_REPOSITORY", raising=False)
+        out = book.notebook_links(text, {"neuron-code"}, {"03_streaming"})
+    assert out == ('<a href="#neuron-code">code</a>, [s2](#2-stream), [03](03_streaming.ipynb#x), 05, h, '
+                   "![img](../img/a.png), [u](https://x.org)")
