@@ -11,6 +11,7 @@ plot, the recipes page lists every recipe with its stamp, streams are merged, th
 from __future__ import annotations
 
 import base64
+import html as html_lib
 import io
 import json
 import os
@@ -123,6 +124,17 @@ def site(tmp_path_factory):
             for nb in ("01_alpha", "02_beta") for model in ("embedded", "production-shaped")]
     (records / "neuron-sim-tnx" / "cells").mkdir(parents=True)
     (records / "neuron-sim-tnx" / "cells" / "results.json").write_text(json.dumps({"results": rows}))
+    # the tnx lane's whole-notebook run on backend="neuron", and an inf2 run of 01 on the NxD Inference stack
+    (records / "neuron-sim-tnx" / "report.json").write_text(json.dumps(
+        {"environment": environment, "notebooks": {"01_alpha": {"status": "PASS"}, "02_beta": {"status": "FAIL"}}}))
+    inf2 = _notebook("01_alpha", titles["01_alpha"], True, png)
+    for cell in inf2.cells:
+        if {"neuron", "nxdi"} <= set(cell.metadata.get("tags", [])):
+            cell.outputs = [_stream("stdout", "TTFT 41.0 ms; 32 tokens\n")]  # ran: no "Skipped:"
+    (records / "inf2-nxdi" / "executed").mkdir(parents=True)
+    nbformat.write(inf2, str(records / "inf2-nxdi" / "executed" / "01_alpha.ipynb"))
+    (records / "inf2-nxdi" / "report.json").write_text(json.dumps(
+        {"environment": {**environment, "commit": "fedcba9876" * 4}, "notebooks": {"01_alpha": {"status": "PASS"}}}))
     out = tmp / "site"
     env = {k: v for k, v in os.environ.items() if k not in ("GITHUB_REPOSITORY", "OUT_DIR")}
     proc = subprocess.run([str(SITE_PYTHON), str(REPO / "ci" / "build_site.py"), "--records", str(records),
@@ -132,8 +144,8 @@ def site(tmp_path_factory):
     return out, proc.stdout
 
 
-def _text(html: str) -> str:
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html))
+def _text(page: str) -> str:
+    return html_lib.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", page)))
 
 
 def test_every_link_and_anchor_resolves_inside_the_site(site):
@@ -163,6 +175,9 @@ def test_notebook_pages_carry_their_stamp_and_plots(site):
             assert fact in text, (stem, fact)
         assert "standalone script against the stand-in" in text and "Never run on Neuron hardware" in text
         assert "standalone run in the neuron lane: not recorded" in text  # nxdi: no lane record
+        status = {"01_alpha": "PASS", "02_beta": "FAIL"}[stem]
+        assert f'the whole notebook on backend="neuron" against the stand-in: {status}' in text
+        assert ("Ran on an inf2 instance (PASS, 2026-11-29 03:38 UTC, commit fedcba9876)" in text) == (stem == "01_alpha")
         images = re.findall(r'<img[^>]+src="([^"]+\.png)"', html)
         assert images and all((out / "notebooks" / src).resolve().is_file() for src in images)
         assert 'id="neuron-code"' in html
@@ -207,13 +222,15 @@ def test_recipes_page_lists_every_recipe_with_its_stamp(site):
     assert len(rows) == 6  # 3 notebooks x 2 stacks, the one not executed included
     stamps = [_text(s) for s in re.split(r'<div class="[^"]*recipe-stamp[^"]*"', html)[1:]]
     assert len(stamps) == 6
-    assert all("Never run on Neuron hardware" in s for s in stamps)
+    assert [("Ran on an inf2 instance" in s, "01_alpha" in s[:80] and "NxD Inference" in s[:160]) for s in stamps
+            if "Never run on Neuron hardware" not in s] == [(True, True)]  # the one recipe an inf2 run has run
     assert any("01_alpha" in s and "PASS on the production-shaped model" in s for s in stamps)
     assert any(s.startswith(" 02_beta") or "02_beta" in s[:80] and "FAIL on the production-shaped model" in s
                for s in stamps)
     assert sum("standalone run in the neuron lane: not recorded" in s for s in stamps) == 4  # tnx of 03, all nxdi
     assert any("03_gamma" in s[:80] and "not executed in this run" in s for s in stamps)
-    assert any("02_beta" in r and "FAIL" in r for r in rows) and all(r.rstrip().endswith("never") for r in rows)
+    assert any("02_beta" in r and "FAIL" in r for r in rows)
+    assert sorted(r.rstrip().rsplit(" ", 3)[-1] for r in rows) == ["inf2"] + ["never"] * 5
 
 
 def test_link_check_finds_broken_links_and_paths_outside(tmp_path):
