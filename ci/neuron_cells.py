@@ -18,10 +18,16 @@ importable (the neuron lanes put its stand-in on PYTHONPATH; on an instance it i
 reach the reference engine in ``helpers``; the recipe's own code may not: an ``import helpers`` in the script fails
 with ModuleNotFoundError, as it would outside this repository. A recipe passes when its script exits 0 without
 saying it was skipped. Exit status 1 when any failed; a table names each recipe, the model and its result.
+
+Besides the table, ``<out>/results.json`` records every run of a recipe, one row per recipe and model (notebook,
+stack, model, passed, seconds, the commit and time of the run, the library that ran it: the stand-in or the real one,
+and transformers' version), written after each recipe; a later run replaces the rows of the recipes and models it
+ran and keeps the others (each row carries its own commit and time). ci/build_site.py prints them in the book.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -35,6 +41,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "contract"))
 import contract_harness as harness  # noqa: E402
+
+sys.path.insert(0, str(REPO / "ci"))
+import run_record  # noqa: E402  (ci/run_record.py: commit, time and versions of this run)
 
 # The models every cell runs on, in this order: the embedded checkpoint, then the production-shaped one.
 MODELS = ("embedded", "production-shaped")
@@ -114,6 +123,30 @@ def checkpoint(name: str) -> str:
     return str(production_model_path())
 
 
+def library(stack: str) -> dict:
+    """What provides the stack's import name here: the stand-in of tests/neuron_sim or the real library, with its
+    version (helpers.notebook.provenance, as the notebooks name it), and the transformers version beside it."""
+    from helpers.notebook.provenance import STAND_IN_DISTRIBUTION, stack_distribution  # the runner's own use
+
+    dist = stack_distribution(stack)
+    return {"library": dist, "library_version": None if dist in (None, STAND_IN_DISTRIBUTION)
+            else run_record.version(dist), "stand_in": dist == STAND_IN_DISTRIBUTION,
+            "transformers": run_record.version("transformers")}
+
+
+def write_results(path: Path, rows: list[dict]) -> None:
+    """``results.json``: the rows of this run over those of earlier runs (same stack, notebook and model replaced)."""
+    try:
+        old = json.loads(path.read_text()).get("results", [])
+    except (OSError, ValueError):
+        old = []
+    key = lambda r: (r.get("stack"), r.get("notebook"), r.get("model"))  # noqa: E731
+    mine = {key(r) for r in rows}
+    merged = [r for r in old if key(r) not in mine] + rows
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"results": merged}, indent=1) + "\n")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("stack", choices=harness.STACKS)
@@ -129,7 +162,8 @@ def main(argv=None) -> int:
     if args.notebooks:
         notebooks = [p for p in notebooks if any(p.stem == n or p.stem.split("_")[0] == n for n in args.notebooks)]
     params = yaml.safe_load(Path(args.params).read_text()) or {}
-    results = []
+    results, rows = [], []
+    record = {**run_record.git_commit(REPO), **library(args.stack)}
     for model in args.models:
         out = Path(args.out).resolve() / args.stack / model  # absolute: each script runs from its own temporary folder
         out.mkdir(parents=True, exist_ok=True)
@@ -139,6 +173,10 @@ def main(argv=None) -> int:
             ok, output, seconds = run_script(path, args.timeout)
             (out / f"{name}.log").write_text(output)
             results.append((model, name, ok, seconds))
+            rows.append({"notebook": name[: -len(args.stack) - 1], "stack": args.stack, "model": model,
+                         "passed": ok, "seconds": round(seconds, 2), "finished": run_record.now(), **record,
+                         "script": str(path), "log": str(out / f"{name}.log")})
+            write_results(Path(args.out).resolve() / "results.json", rows)
             print(f"{'PASS' if ok else 'FAIL'}  {model:<17}  {name}  {seconds:6.1f} s", flush=True)
             if not ok:
                 print("    " + "\n    ".join(output.strip().splitlines()[-25:]), flush=True)

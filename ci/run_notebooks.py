@@ -58,6 +58,8 @@ from typing import Any
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "ci"))
+import run_record  # noqa: E402  (ci/run_record.py: the commit, machine and versions of this run)
 DEFAULT_NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 DEFAULT_TIMEOUT = 900.0
 NOTEBOOK_RE = re.compile(r"^(\d{2})_\w+$")
@@ -586,10 +588,13 @@ def format_table(results: list[Result], markdown: bool = False) -> str:
     return "\n".join([fmt(header), rule, *map(fmt, rows)]) + "\n"
 
 
-def write_report(out: Path, results: list[Result], metrics: dict) -> None:
+def write_report(out: Path, results: list[Result], metrics: dict, environment: dict | None = None) -> None:
+    """``metrics.json`` and ``report.json``; ``environment`` (ci/run_record.py: commit, CPU, Python, torch,
+    transformers, start and finish of the run) goes into the report as it is."""
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     report = {
         "ok": all(r.status == PASS for r in results),
+        "environment": environment or {},
         "notebooks": {r.notebook: dataclasses.asdict(r) for r in results},
     }
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
@@ -651,6 +656,7 @@ def _main(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     results, all_metrics = [], {}
+    environment = {**run_record.environment(REPO_ROOT), "started": run_record.now()}
     bar = tqdm(selected, desc="notebooks", unit="nb", disable=args.stream or None, file=sys.stderr)
     for i, stem in enumerate(bar, 1):
         metrics_path = out / "metrics" / f"{stem}.json"
@@ -674,7 +680,7 @@ def _main(args: argparse.Namespace) -> int:
         results.append(result)
     bar.close()
 
-    write_report(out, results, all_metrics)
+    write_report(out, results, all_metrics, {**environment, "finished": run_record.now()})
     print()
     print(format_table(results), end="")
     for r in results:

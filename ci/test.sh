@@ -19,11 +19,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS="${OUT_DIR:-out}/test-logs"
 mkdir -p "$LOGS"
-# The three environments are independent: build them side by side.
+# The four environments are independent: build them side by side.
 bash ci/setup.sh > "$LOGS/setup.log" 2>&1 & setups="$!"
 for stack in tnx nxdi; do
   bash ci/neuron_sim.sh "$stack" --setup > "$LOGS/setup-$stack.log" 2>&1 & setups="$setups $!"
 done
+# the book's Sphinx (.venv-site): tests/test_site.py builds a small book with it; ci/site.sh builds the real one after
+bash ci/site.sh --setup > "$LOGS/setup-site.log" 2>&1 & setups="$setups $!"
 for pid in $setups; do
   if ! wait "$pid"; then
     tail -n 40 "$LOGS"/setup*.log

@@ -14,6 +14,14 @@ checks it), from the ground up:
 - ``notebook/``: what the notebooks share (backend, ``build_model``, reports, plots, metrics); imports every floor
 - ``helpers`` (this face): the names notebooks call as ``helpers.xxx``
 """
+import warnings
+
+# Before anything imports tqdm.auto (transformers, huggingface_hub): in a kernel without ipywidgets (papermill, CI,
+# a plain Jupyter install) it falls back to the text progress bar, as wanted, but first warns "IProgress not found.
+# Please update jupyter and ipywidgets": a remark on the reader's environment, not on the lesson, printed as a red
+# stderr block in the first code cell of every notebook. Only that one warning is filtered.
+warnings.filterwarnings("ignore", message="IProgress not found")
+
 from .artifacts.model import LlamaForSampling, MistralForSampling, NeuronAutoModelForCausalLM, NeuronModel
 from .engine.config import NeuronConfig
 from .model_store import load_hf_model, load_tokenizer, resolve_model_path

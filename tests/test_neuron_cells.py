@@ -11,6 +11,7 @@ stand-ins (``ci/neuron_cells.py``), and the tests at the end of this file run th
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -250,3 +251,20 @@ def test_runner_runs_every_cell_on_both_models(tmp_path, capsys):
     assert [(r[1], r[2]) for r in rows] == [("embedded", "99_x-tnx"), ("production-shaped", "99_x-tnx")], table
     for model in runner.MODELS:
         assert f"on /ckpt/{model}" in (tmp_path / "out" / "tnx" / model / "99_x-tnx.log").read_text()
+    # the machine-readable record beside the logs (ci/build_site.py reads it): one row per recipe and model
+    rows = json.loads((tmp_path / "out" / "results.json").read_text())["results"]
+    assert [(r["notebook"], r["stack"], r["model"], r["passed"]) for r in rows] == [
+        ("99_x", "tnx", "embedded", True), ("99_x", "tnx", "production-shaped", True)]
+    for row in rows:
+        assert row["seconds"] >= 0 and row["finished"].endswith("+00:00") and "commit" in row
+        assert Path(row["log"]).is_file() and row["transformers"]
+    # a later run of one model replaces that model's row and keeps the other's
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "REPO", tmp_path)
+        mp.setattr(runner, "checkpoint", lambda name: f"/ckpt/{name}")
+        mp.setenv("PYTHONPATH", f"{REPO}:{lib.parent}")
+        assert runner.main(["tnx", "--out", str(tmp_path / "out"), "--params", str(tmp_path / "params.yaml"),
+                            "--models", "production-shaped"]) == 0
+    again = json.loads((tmp_path / "out" / "results.json").read_text())["results"]
+    assert [r["model"] for r in again] == ["embedded", "production-shaped"]
+    assert again[0] == rows[0] and again[1]["finished"] >= rows[1]["finished"]

@@ -181,3 +181,39 @@ def test_neuron_requirements_are_pinned():
     tnx = (REPO / "requirements-neuron-tnx.txt").read_text()
     nxdi = (REPO / "requirements-neuron-nxdi.txt").read_text()
     assert "transformers-neuronx==0.13." in tnx and "neuronx-distributed-inference==0.8." in nxdi
+
+
+def test_cpu_workflow_builds_the_book_after_the_tests_and_deploys_it_from_the_default_branch():
+    """ci/site.sh runs after ci/test.sh (whose executed notebooks it reads, never running them again); the book is
+    uploaded (artifact and Pages artifact); the deploy job alone holds pages/id-token write, with the standard Pages
+    actions, on pushes to the default branch."""
+    wf = _load(REPO / ".github" / "workflows" / "cpu.yml")
+    assert set(wf.get("permissions") or {}) == {"contents"}, "no Pages permission at the workflow level"
+    build = wf["jobs"]["tests-and-notebooks"]
+    runs = [s.get("run", "") for s in build["steps"]]
+    test_at = next(i for i, r in enumerate(runs) if "bash ci/test.sh" in r)
+    site_at = next(i for i, r in enumerate(runs) if "bash ci/site.sh" in r)
+    assert site_at > test_at and "--no-run" in runs[site_at]
+    assert not {"pages", "id-token"} & set(build.get("permissions") or {})
+    uses = {s.get("uses", "").split("@")[0]: s for s in build["steps"]}
+    assert uses["actions/upload-pages-artifact"]["with"]["path"] == "out/site"
+    assert "out/site" in uses["actions/upload-artifact"]["with"]["path"].split()
+    assert build["steps"].index(uses["actions/upload-pages-artifact"]) > site_at
+    deploy = wf["jobs"]["deploy"]
+    assert deploy["needs"] == "tests-and-notebooks"
+    assert deploy["permissions"] == {"pages": "write", "id-token": "write"}
+    assert deploy["environment"]["name"] == "github-pages"
+    assert "github.event.repository.default_branch" in deploy["if"] and "push" in deploy["if"]
+    steps = [s.get("uses", "").split("@")[0] for s in deploy["steps"]]
+    assert steps == ["actions/configure-pages", "actions/deploy-pages"]
+
+
+def test_the_book_tools_are_set_up_by_the_commands():
+    """.venv-site comes from requirements-site.txt through ci/site.sh --setup, which ci/test.sh runs beside the other
+    set-ups (tests/test_site.py needs it and must not skip), so a fresh clone needs nothing else."""
+    test_sh = (REPO / "ci" / "test.sh").read_text()
+    assert re.search(r"^bash ci/site\.sh --setup .*&", test_sh, re.M)
+    site_sh = (REPO / "ci" / "site.sh").read_text()
+    assert "-r requirements-site.txt" in site_sh and "ci/notebooks.sh" in site_sh
+    pins = [ln for ln in (REPO / "requirements-site.txt").read_text().splitlines() if ln and not ln.startswith("#")]
+    assert pins and all(re.fullmatch(r"[\w.-]+==[\w.]+", ln) for ln in pins), pins
