@@ -210,8 +210,8 @@ def test_summary_reports_median_and_max_not_a_p99_of_a_few_requests(tiny, traffi
     m = build_slot_model(tiny[0], n_slots=2, n_positions=N_POS)
     s = run_continuous(m, traffic).summary()
     assert s["n"] == len(traffic) and not any("p99" in k for k in s)
-    assert s["ttft_p50_s"] <= s["ttft_max_s"] and s["latency_p50_s"] <= s["latency_max_s"]
-    assert 0 <= s["wait_p50_s"] <= s["wait_max_s"]
+    assert s["ttft_median_s"] <= s["ttft_max_s"] and s["latency_median_s"] <= s["latency_max_s"]
+    assert 0 <= s["wait_median_s"] <= s["wait_max_s"]
 
 
 def test_policy_plot_draws_spreads_of_repeats_as_error_bars():
@@ -222,7 +222,7 @@ def test_policy_plot_draws_spreads_of_repeats_as_error_bars():
     from helpers.notebook.figures import Spread
     from helpers.serving.plots import plot_policies
 
-    keys = ("throughput_tok_s", "ttft_p50_s", "ttft_max_s", "latency_p50_s", "latency_max_s")
+    keys = ("throughput_tok_s", "ttft_median_s", "ttft_max_s", "latency_median_s", "latency_max_s")
     rows = [{"policy": p, "slots": 4, "n": 24, **{k: Spread([1.0, 2.0, 4.0]) for k in keys}}
             for p in ("static", "continuous")]
     fig, axes = plt.subplots(1, 3)

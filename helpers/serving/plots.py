@@ -48,7 +48,7 @@ def plot_policies(axes, summaries: list[dict]) -> None:
     a0.set(ylabel="generated tokens / s", title="throughput")
     n = summaries[0].get("n", "?") if summaries else "?"
     for ax, key, title in ((a1, "ttft", "time to first token"), (a2, "latency", "request latency")):
-        for dx, stat, label in ((-0.2, "p50", "median"), (0.2, "max", f"max of {n} requests")):
+        for dx, stat, label in ((-0.2, "median", "median"), (0.2, "max", f"max of {n} requests")):
             mid, err = _bar_values([s[f"{key}_{stat}_s"] for s in summaries])
             ax.bar([i + dx for i in x], mid, yerr=err, capsize=3, width=0.4, label=label)
         ax.set(ylabel="seconds", title=title)

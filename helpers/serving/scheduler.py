@@ -77,9 +77,9 @@ class RunResult:
         tokens = sum(len(s.tokens) for s in self.served)
         return {"policy": self.policy, "slots": self.n_slots, "n": len(self.served), "tokens": tokens,
                 "span_s": span, "throughput_tok_s": tokens / span,
-                "ttft_p50_s": float(np.median(ttft)), "ttft_max_s": float(max(ttft)),
-                "latency_p50_s": float(np.median(lat)), "latency_max_s": float(max(lat)),
-                "wait_p50_s": float(np.median(wait)), "wait_max_s": float(max(wait)),
+                "ttft_median_s": float(np.median(ttft)), "ttft_max_s": float(max(ttft)),
+                "latency_median_s": float(np.median(lat)), "latency_max_s": float(max(lat)),
+                "wait_median_s": float(np.median(wait)), "wait_max_s": float(max(wait)),
                 "busy_fraction": self.busy_s / span, "engine_calls": self.steps}
 
     def outputs(self) -> dict[int, list[int]]:
