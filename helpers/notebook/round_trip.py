@@ -76,15 +76,15 @@ def setup(backend="reference", neuron_stack=None, device="cpu", seed=0, model_pa
     return case
 
 
-def build_report(model, cold_s: float) -> str:
-    """Each graph's compile seconds (each rank's too, with tp_degree > 1), and the cold build's total."""
-    rows = []
+def print_build_report(model, cold_s: float) -> float:
+    """Print each graph's compile seconds (each rank's too, with tp_degree > 1) and the cold build's total; returns
+    the seconds spent compiling graphs."""
     for r in model.build_report:
         per_rank = "  ".join(f"{s:6.2f}" for s in r.get("rank_seconds", []))
-        rows.append(f"  {r['graph']:16s} {r['seconds']:6.2f} s" + (f"   per rank: {per_rank}" if per_rank else ""))
+        print(f"  {r['graph']:16s} {r['seconds']:6.2f} s" + (f"   per rank: {per_rank}" if per_rank else ""))
     graphs_s = sum(r["seconds"] for r in model.build_report)
-    return "\n".join(rows + [f"cold build: {cold_s:.1f} s, of which {graphs_s:.1f} s compiling "
-                             f"{len(model.build_report)} graphs"])
+    print(f"cold build: {cold_s:.1f} s, of which {graphs_s:.1f} s compiling {len(model.build_report)} graphs")
+    return graphs_s
 
 
 @dataclass
@@ -282,10 +282,33 @@ def neuron_round_trip(case: Case, compiled_dir, repeats: int) -> dict:
             "roundtrip_identical": not differ, "differences": differ}
 
 
-def write_round_trip_metrics(metrics_path, cold: OneRunComparison, extra: dict) -> dict:
-    """The key figures to ``metrics_path``: ``extra`` (the run's figures), the cold build over the warm load
-    (a timing claim: None where the warm loads spread too far) and whether the two are measurably apart."""
-    metrics = dict(extra)
+def reference_figures(artifact: str, cold_s: float, cold_graphs_s: float, saved: Saved, loads: WarmLoads,
+                      roundtrip_identical: bool, refused: dict, relocated_identical: bool, preshard) -> dict:
+    """The reference engine's figures of sections 1-5, for :func:`write_round_trip_metrics`."""
+    source = "presharded" if "presharded" in loads.seconds else "checkpoint"
+    warm = loads.spread(source)
+    out = {"artifact": artifact, "graphs": len(saved.manifest["graphs"]), "cold_build_s": cold_s,
+           "cold_compile_graphs_s": cold_graphs_s, "save_s": saved.seconds, "warm_load_s": warm.median,
+           "warm_load_min_s": warm.low, "warm_load_max_s": warm.high,
+           "warm_load_graphs_s": Spread(loads.graph_seconds[source]).median, "graph_bytes": saved.graph_bytes,
+           "weight_bytes": saved.weight_bytes, "roundtrip_identical": bool(roundtrip_identical),
+           "refusals": len(refused), "relocated_identical": bool(relocated_identical)}
+    if preshard is not None:
+        out.update(presharded_load_s=preshard.a.median, checkpoint_load_s=preshard.b.median,
+                   presharded_vs_checkpoint=preshard.verdict, presharded_vs_checkpoint_measurable=preshard.measurable)
+    return out
+
+
+def write_round_trip_metrics(metrics_path, case: Case, cold: OneRunComparison, figures: dict,
+                             sharded_weights: bool) -> dict:
+    """The key figures to ``metrics_path`` (those ci/baselines/cpu.json checks among them): ``figures`` (from
+    :func:`reference_figures` or :func:`neuron_round_trip`), the cold build over the warm load (a timing claim: None
+    where the warm loads spread too far), whether the two are measurably apart and the verdict, the settings."""
+    metrics = {k: v for k, v in figures.items() if k not in ("cold", "differences")}
     metrics.update(timing_entries("cold_over_warm", timing_metric(cold, cold.ratio, max_width=0.5)),
                    cold_over_warm_measurable=cold.measurable, cold_over_warm_verdict=cold.verdict)
+    metrics.update(sharded_weights=sharded_weights, batch_size=case.settings["batch_size"],
+                   tp_degree=case.settings["tp_degree"], measured_by=measured_by(case.bk))
+    if case.bk.is_neuron:
+        metrics["stack"] = case.bk.stack
     return write_metrics(metrics_path, metrics)
