@@ -198,7 +198,7 @@ def choose_scales(results: dict, agreement_tokens: int) -> str:
     keys = [k for k in ("ppl_delta_pct", "agreement") if k in a and k in b]
 
     def row(name, r):
-        return f"  {name:22s} " + ", ".join(
+        return f"  {name:32s} " + ", ".join(
             f"perplexity {r[k]:+.2f}%" if k == "ppl_delta_pct" else f"agreement {r[k]:.3f}" for k in keys)
     better = [(b[k] < a[k]) if k == "ppl_delta_pct" else (b[k] > a[k]) for k in keys]
     lines = [f"one scale per tensor (NxD Inference 0.8's default) against one per output channel "
