@@ -111,6 +111,9 @@ def describe_save(directory, info: dict, tp_degree: int, seconds: float) -> Save
     return saved
 
 
+SOURCES = {"presharded": "presharded weights", "checkpoint": "original checkpoint"}
+
+
 @dataclass
 class WarmLoads:
     """Seconds of each warm load, per weight source ("presharded": the saved folder; "checkpoint": the original
@@ -145,7 +148,7 @@ def warm_loads(case: Case, save_dir, sharded_weights: bool, repeats: int) -> War
             assert all(r.get("loaded") for r in model.build_report), f"a graph was compiled instead of loaded ({source})"
     loads = WarmLoads(seconds, graphs, model)
     for source in sources:
-        print(f"warm load, weights from the {source}: {loads.spread(source).format(1, ' s')}; of which graphs "
+        print(f"warm load, weights from the {SOURCES[source]}: {loads.spread(source).format(1, ' s')}; of which graphs "
               f"{Spread(graphs[source]).format(1, ' s')}")
     return loads
 
@@ -188,13 +191,14 @@ def plot_round_trip(case: Case, cold_s: float, cold_graphs_s: float, saved: Save
         a1.errorbar([name], [sp.median], yerr=[[sp.median - sp.low], [sp.high - sp.median]], fmt="none",
                     ecolor="black", capsize=4)
     a1.bar(["save"], [saved.seconds], color="grey")
-    a1.set_yscale("log")
     n = len(next(iter(loads.seconds.values())))
-    a1.set(ylabel="seconds (log scale)", title=f"Time (cold: one build; warm: median, min-max of {n})")
+    a1.set(ylabel="seconds")
+    a1.set_title(f"Time (cold: one build; warm: median, min-max of {n})", fontsize=9)
     a1.tick_params(axis="x", rotation=15, labelsize=8)
     a1.legend(fontsize=8)
     a2.bar(["graphs", "presharded weights"], [saved.graph_bytes / 1e6, saved.weight_bytes / 1e6])
-    a2.set(ylabel="MB", title="Size on disk")
+    a2.set(ylabel="MB")
+    a2.set_title("Size on disk", fontsize=9)
     titled(fig, "Cold build, save, warm load and size on disk", case.bk)
     plt.show()
     return fig
