@@ -105,7 +105,7 @@ class Int8Run:
             r["tok_s"] = 1 / Spread(self.decode_s[name]).median
         print(mode_table(self.results, self.decode_s))
         print(f"perplexity over {len(self.text_ids)} tokens; agreement over {self.agreement_tokens} tokens "
-              f"({len(self.encs)} prompts); ms/token: median (min, max) of {self.repeats} rounds; "
+              f"({len(self.encs)} prompt{'s' if len(self.encs) != 1 else ''}); ms/token: median (min, max) of {self.repeats} rounds; "
               f"measured by {measured_by(self.bk)}")
         return self.results
 
@@ -153,12 +153,11 @@ def setup(backend="reference", neuron_stack=None, device="cpu", seed=0, model_pa
 
 def refuse_other_dequant(run: Int8Run) -> str | None:
     """The rule the Neuron guide states ("amp type must match dequant type"): building with a ``dequant_dtype`` other
-    than ``amp`` is refused before anything is built. Returns the refusal (None on Neuron, where helpers always passes
-    ``dequant_dtype=amp``); raises AssertionError if the reference engine accepts the mismatch."""
+    than ``amp`` is refused before anything is built. Returns the refusal (on Neuron, where helpers always passes
+    ``dequant_dtype=amp``, why there is none); raises AssertionError if the reference engine accepts the mismatch."""
     if run.bk.is_neuron:
-        print("on Neuron helpers passes dequant_dtype=amp to transformers-neuronx itself (NxD Inference dequantizes "
-              "to torch_dtype): the refusal is the reference engine's check")
-        return None
+        return ("on Neuron helpers passes dequant_dtype=amp to transformers-neuronx itself (NxD Inference dequantizes "
+                "to torch_dtype): the refusal is the reference engine's check")
     other = "bf16" if run.amp != "bf16" else "f32"
     try:
         build_model(run.bk, run.model_dir, amp=run.amp,
