@@ -60,3 +60,21 @@ def test_one_run_supports_no_difference():
     single = compare([1.0], [2.0], "a", "b")
     assert not single.measurable and "one run" in single.verdict
     assert not compare([1.0, 1.1], [2.0], "a", "b").measurable
+
+
+def test_one_run_against_repeats_is_a_difference_only_beyond_their_range():
+    from helpers.notebook.figures import compare_one
+
+    cold = compare_one(61.5, [2.54, 3.27, 2.9], "cold build", "warm load")  # notebook 08's run
+    assert cold.measurable and cold.ratio == pytest.approx(61.5 / 2.9)
+    assert cold.verdict.startswith("warm load is faster than cold build (the one cold build lies outside")
+    assert "n=1" in str(cold) and "n=3" in str(cold)
+    inside = compare_one(3.0, [2.54, 3.27, 2.9], "cold build", "warm load")
+    assert not inside.measurable and "lies within the range of the 3 warm load runs" in inside.verdict
+    near = compare_one(3.5, [2.54, 3.27, 2.9], "cold build", "warm load")  # outside, by less than the width
+    assert not near.measurable and "by less than the width" in near.verdict
+    below = compare_one(1.0, [2.0, 2.1, 2.2], "x", "y")
+    assert below.measurable and below.verdict.startswith("x is faster than y")
+    lone = compare_one(61.5, [2.9], "cold build", "warm load")
+    assert not lone.measurable and "one warm load: no spread" in lone.verdict
+    assert timing_entries("r", timing_metric(cold, cold.ratio)) == {"r": cold.ratio}

@@ -133,3 +133,40 @@ def titled(target, text: str, bk: Backend | None = None, source: str | None = No
     else:
         target.set_title(title, fontsize=9)
     return target
+
+
+@dataclass(frozen=True)
+class OneRunComparison(Comparison):
+    """``a`` measured once by nature (a cold build: each repeat would be a full compilation, and its cache would
+    make the next one warm) against ``b``, repeated. A single value outside the range of ``n`` repeats happens by
+    chance 2 / (n + 1) of the time (half the time for 3), so the difference is called only where it lies beyond
+    the repeats' range by more than the range is wide."""
+
+    @property
+    def margin(self) -> float:
+        """How far ``a`` lies outside ``b``'s range (0 inside it)."""
+        return max(self.b.low - self.a.median, self.a.median - self.b.high, 0.0)
+
+    @property
+    def measurable(self) -> bool:
+        return self.a.n == 1 and self.b.n >= 2 and self.margin > self.b.high - self.b.low
+
+    @property
+    def verdict(self) -> str:
+        if self.a.n != 1:
+            raise ValueError(f"{self.name_a} has {self.a.n} samples: compare repeated timings with compare()")
+        if self.b.n < 2:
+            return f"no difference measurable here between {self.name_a} and {self.name_b} (one {self.name_b}: no spread)"
+        if not self.measurable:
+            where = "within" if self.margin == 0 else "outside, but by less than the width of,"
+            return (f"no difference measurable here between {self.name_a} and {self.name_b} (the one {self.name_a} "
+                    f"lies {where} the range of the {self.b.n} {self.name_b} runs)")
+        faster, slower = (self.name_a, self.name_b) if self.a.median < self.b.median else (self.name_b, self.name_a)
+        return (f"{faster} is faster than {slower} (the one {self.name_a} lies outside the range of the {self.b.n} "
+                f"{self.name_b} runs, by more than that range is wide)")
+
+
+def compare_one(value: float, samples: Iterable[float], name_one: str = "a", name_many: str = "b") -> OneRunComparison:
+    """One measurement that cannot be repeated (``value``, seconds) against a repeated one: see
+    :class:`OneRunComparison`."""
+    return OneRunComparison(Spread([value]), Spread(samples), name_one, name_many)
