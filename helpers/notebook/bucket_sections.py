@@ -134,7 +134,8 @@ def ttft_by_prompt_length(run: Run, bucketed, single) -> TTFT:
     ttft_s = {n: Spread(t) for n, t in samples["single"].items()}
     beyond = " + token steps" if run.rule == "tnx" else ""
     for n in run.prompt_lengths:
-        where = f"context[{tnx_find(run.context_buckets, n)}]" + (beyond if n > run.context_buckets[-1] else "")
+        bucket = bp.select(run.context_buckets, n, run.rule) or run.context_buckets[-1]  # the stack's own rule
+        where = f"context[{bucket}]" + (beyond if n > run.context_buckets[-1] else "")
         print(f"{n:4d} tokens, {where:24s} bucketed {ttft_b[n].format(1e3, ' ms', 1)}"
               + (f"   single {ttft_s[n].format(1e3, ' ms', 1)}" if n in ttft_s else ""))
     boundaries = {}
