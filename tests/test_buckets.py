@@ -137,7 +137,8 @@ def test_nxdi_context_buckets_refuse_impossible_settings(cle, longest, match):
         bk.nxdi_context_buckets(cle, [128, 256, 512, 1024, 2048], longest)
 
 
-# NxD Inference feature guide (shared/reference/003), "Bucketing with Prefix Caching", Examples:
+# NxD Inference feature guide, "Bucketing with Prefix Caching", Examples
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/v2.28.1/libraries/nxd-inference/developer_guides/feature-guide.html):
 # context_encoding_buckets=[512, 1024, 2048], prefix_buckets=[512, 1024].
 @pytest.mark.parametrize("prompt,prefix,expected", [
     (1000, 0, (1024, 0)),     # no prefix: prefill 1024, prefix 0
