@@ -12,7 +12,7 @@ Layer: the top floor; may import every layer below (``helpers.parallel``, ``help
 - ``tensor_parallel``, ``gqa_sharding``, ``int8``, ``round_trip``, ``batching``, ``prefix_caching``, ``migration``:
   notebooks 01, 02, 06, 08, 09, 10 and 11's set-up, checks, tables, plots and
   metrics, one call each
-- ``bucket_bench``: TTFT and per-position latency per bucket (notebook 07)
+- ``bucket_bench``, ``bucket_sections``: TTFT and per-position latency per bucket, and notebook 07's sections
 - ``evaluate``: perplexity, greedy agreement, decode speed (notebooks 05, 06)
 - ``streaming``, ``stopping``, ``speculation``, ``timing``: the measurements of notebooks 03, 04 and 05 (token
   latency, criteria runs, speculation sweeps and distribution checks, the cost of one step by the rows it carries)
