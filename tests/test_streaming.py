@@ -26,3 +26,43 @@ def test_timing_streamer_times_a_hand_driven_loop():
     assert s.tokens.tolist() == [[0, 1, 2, 3]] and s.ended == 1
     stats = latency_stats(s.times)
     assert stats["n_tokens"] == 4 and stats["ttft_s"] >= 0 and stats["itl_median_s"] >= 0
+
+
+def test_streaming_cost_interleaves_and_reports_a_verdict_not_a_guess():
+    from helpers.notebook.streaming import streaming_cost
+
+    calls = []
+
+    def generate(streamer):
+        calls.append(streamer is None)
+        if streamer is not None:
+            for t in range(3):
+                streamer.put(torch.tensor([[t]]))
+            streamer.end()
+
+    cost = streaming_cost(generate, 3)
+    assert calls == [False, True] * 3 and cost.put_share.n == 3 and cost.ttft.n == 3
+    assert cost.with_without.a.n == 3 and "streamer's put() calls" in cost.report()
+    one = streaming_cost(generate, 1)
+    assert "no spread, so no verdict" in one.report()
+
+
+def test_describe_stream_prints_a_p90_only_with_enough_gaps():
+    from helpers.notebook.streaming import MIN_SAMPLES_FOR_P90, describe_stream, per_token_times
+
+    stats = {"ttft_s": 0.1, "total_s": 1.0}
+    few = describe_stream([0.1 + 0.01 * i for i in range(5)], stats)
+    many = describe_stream([0.1 + 0.01 * i for i in range(MIN_SAMPLES_FOR_P90 + 2)], stats)
+    assert "TTFT 100.0 ms" in few and "p90" not in few and "p90" in many
+    nxdi = {"ttft_s": None, "total_s": 1.0}
+    assert not per_token_times(nxdi) and "deliveries" in describe_stream([1.0, 1.0], nxdi)
+
+
+def test_streaming_setup_refuses_one_token_and_plots_the_stream():
+    import pytest
+
+    from helpers.notebook.streaming import plot_stream_latency, setup_streaming
+
+    with pytest.raises(ValueError, match="max_new_tokens=1"):
+        setup_streaming("reference", None, "cpu", 0, None, "Hi", 1, 256, 1, 1)
+    assert plot_stream_latency([0.1, 0.12, 0.15]) is not None

@@ -139,6 +139,44 @@ def test_streamer_and_stopping_criteria_as_the_source_calls_them(tnx, target, pr
     assert all(shape == (1, 1) for _, shape in seen)  # probs over the top_k=1 candidates
 
 
+def test_generation_adapter_runs_transformers_per_row_criteria_on_the_ids_so_far(tnx, batch2):
+    """generation_utils.py HuggingFaceGenerationModelAdapter (the route suggested on #75): transformers' generate()
+    drives the model's forward() (context encoding at cache_ids 0..n-1 with start_ids from the attention mask, then
+    one token per step), so its criteria get the ids so far, one flag per row; a finished row is padded while the
+    other continues (transformers pads only with an EOS criterion in the list: eos_token_id given); the tokens are
+    sample()'s greedy tokens."""
+    from transformers import AutoConfig, PreTrainedModel, StoppingCriteria, StoppingCriteriaList
+
+    if not hasattr(PreTrainedModel, "generate"):
+        pytest.skip("transformers >= 4.50 (PreTrainedModel without GenerationMixin): transformers-neuronx 0.13 pins "
+                    "transformers < 4.48; the tnx lane runs this under 4.47.1")
+    import helpers
+
+    tok = helpers.load_tokenizer(None)
+    tok.padding_side = "left"
+    enc = tok(["The capital of France is", "Once upon a time"], return_tensors="pt", padding=True)
+    P = enc.input_ids.shape[1]
+    assert bool((enc.attention_mask == 0).any()), "one row must be left-padded"
+
+    class StopAfter(StoppingCriteria):  # row r is done after stops[r] new tokens
+        def __init__(self, stops):
+            self.stops, self.seen = torch.tensor(stops), []
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.seen.append(input_ids.shape[1])
+            return input_ids.shape[1] - P >= self.stops
+
+    crit = StopAfter([2, 5])
+    adapter = tnx.HuggingFaceGenerationModelAdapter(AutoConfig.from_pretrained(helpers.resolve_model_path(None)), batch2)
+    out = adapter.generate(enc.input_ids, attention_mask=enc.attention_mask, max_new_tokens=8, do_sample=False,
+                           eos_token_id=tok.eos_token_id, pad_token_id=0, stopping_criteria=StoppingCriteriaList([crit]))
+    ref = batch2.sample(enc.input_ids, P + 5, start_ids=(enc.attention_mask == 0).sum(dim=1), top_k=1,
+                        eos_token_override=-1)
+    assert crit.seen == [P + 1, P + 2, P + 3, P + 4, P + 5], crit.seen  # the ids so far, not the prompt (#75)
+    assert out.shape == (2, P + 5) and torch.equal(out[1], ref[1]), (out, ref)
+    assert torch.equal(out[0, :P + 2], ref[0, :P + 2]) and out[0, P + 2:].tolist() == [0, 0, 0]
+
+
 def test_sampling_arguments_are_validated_with_the_sources_messages(target, prompt):
     L = prompt.shape[1]
     with pytest.raises(ValueError, match="^temperature has to be a strictly positive float.$"):
