@@ -16,6 +16,7 @@ Layer: the top floor; may import every layer below (``helpers.parallel``, ``help
 - ``evaluate``: perplexity, greedy agreement, decode speed (notebooks 05, 06)
 - ``streaming``, ``stopping``, ``speculation``, ``timing``: the measurements of notebooks 03, 04 and 05 (token
   latency, criteria runs, speculation sweeps and distribution checks, the cost of one step by the rows it carries)
+- ``prompt_setup``: the prompts, tokenizer and model folder the streaming and stopping notebooks start from
 - ``lmi``: the DJL LMI ``serving.properties`` of the notebook's settings
 - ``quant_formats``: what each 8-bit format keeps of the weights (notebook 06)
 - ``metrics``, ``provenance``: the figures a notebook writes, and what produced them
