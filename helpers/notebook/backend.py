@@ -10,7 +10,11 @@ cells that need the reference engine and prints why it skipped one — never a s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+import torch
+
+from ..model_store import resolve_model_path
 from ..neuron.runtime import STACK_NAMES, STACKS, installed_stacks
 
 BACKENDS = ("auto", "reference", "neuron")
@@ -68,3 +72,10 @@ def run_reference_cell(bk: Backend) -> bool:
         print(f"Skipped: reference-engine cell; backend is {bk}.")
         return False
     return True
+
+
+def start(backend: str, neuron_stack, device: str, seed: int, model_path) -> tuple[Backend, Path]:
+    """A notebook's first steps, in one place: resolve the backend, seed torch, find the checkpoint folder."""
+    bk = resolve_backend(backend, neuron_stack, device)
+    torch.manual_seed(seed)
+    return bk, resolve_model_path(model_path)

@@ -15,12 +15,12 @@ import torch
 
 from ..engine.quant import NXDI_METHODS, QuantizationConfig, quantized_weight_bytes
 from ..engine.config import NeuronConfig
-from ..model_store import load_tokenizer, resolve_model_path
+from ..model_store import load_tokenizer
 from ..neuron import NEURON_QUANT_MODES, neuron_quant_settings
 from ..planning.buckets import nxdi_context_buckets, tnx_token_buckets
 from ..planning.dtypes import amp_dtype
 from ..prompts import encode_prompts
-from .backend import resolve_backend
+from .backend import start
 from .build import build_model
 from .evaluate import eval_text, interleaved_decode_seconds, perplexity, sampled_agreement, teacher_forced_agreement
 from .figures import Comparison, Spread, compare, titled
@@ -136,9 +136,7 @@ def setup(backend="reference", neuron_stack=None, device="cpu", seed=0, model_pa
         raise ValueError(f"repeats={repeats}: 3 or more (a spread needs repeats)")
     if max_new_tokens < 2:
         raise ValueError(f"max_new_tokens={max_new_tokens}: 2 or more (decode speed is timed after the first token)")
-    bk = resolve_backend(backend, neuron_stack, device)
-    torch.manual_seed(seed)
-    model_dir = resolve_model_path(model_path)
+    bk, model_dir = start(backend, neuron_stack, device, seed, model_path)
     tok = load_tokenizer(model_dir)
     text_ids = tok(eval_text(), return_tensors="pt").input_ids[0, :eval_tokens]
     encs = [encode_prompts(tok, [p], 1) for p in prompts]

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 
 from ..engine.config import NeuronConfig
-from ..model_store import load_hf_model, load_tokenizer, resolve_model_path
+from ..model_store import load_hf_model, load_tokenizer
 from ..neuron.migration import bucket_plan, greedy_agreement, memory_plan, reference_nxdi_settings
 from ..neuron.settings import neuron_settings
 from ..planning.dtypes import amp_dtype
 from ..planning.memory import GiB, instance
 from ..prompts import hf_greedy
-from .backend import resolve_backend
+from .backend import start
 from .build import build_model
 from .figures import titled
 from .metrics import write_metrics
@@ -56,9 +55,7 @@ def setup(backend="reference", neuron_stack=None, device="cpu", model_path=None,
     """Validate the parameters (raises, naming the fix), resolve backend and model, encode the rows, print what runs."""
     if batch_size < 1 or max_new_tokens < 1 or tp_degree < 1 or not prompts:
         raise ValueError("batch_size, tp_degree, max_new_tokens: 1 or more; prompts: at least one")
-    bk = resolve_backend(backend, neuron_stack, device)
-    torch.manual_seed(seed)
-    model_dir = resolve_model_path(model_path)
+    bk, model_dir = start(backend, neuron_stack, device, seed, model_path)
     tok = load_tokenizer(model_dir)  # left padding, as transformers-neuronx takes it
     rows = [prompts[i % len(prompts)] for i in range(batch_size)]
     cle = list(context_length_estimate) if isinstance(context_length_estimate, (list, tuple)) else context_length_estimate

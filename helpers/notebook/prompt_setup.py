@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-import torch
 
-from ..model_store import load_tokenizer, resolve_model_path
+from ..model_store import load_tokenizer
 from ..prompts import encode_prompts
-from .backend import Backend, resolve_backend
+from .backend import Backend, start
 from .provenance import measured_by
 
 
@@ -26,11 +25,9 @@ def prompt_setup(backend: str, neuron_stack, device: str, seed: int, model_path,
                  n_positions: int, max_new_tokens: int) -> PromptSetup:
     """Resolve the backend, seed torch, load the tokenizer and encode ``prompts`` into ``batch_size`` rows; raise
     ValueError when the prompt plus ``max_new_tokens`` does not fit ``n_positions``."""
-    bk = resolve_backend(backend, neuron_stack, device)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens}: use 1 or more")
-    torch.manual_seed(seed)
-    model_dir = resolve_model_path(model_path)
+    bk, model_dir = start(backend, neuron_stack, device, seed, model_path)
     tok = load_tokenizer(model_dir)
     enc = encode_prompts(tok, prompts, batch_size)
     prompt_len = enc.input_ids.shape[1]

@@ -41,16 +41,19 @@ class Published:
     label: str      # the link text
 
 
+def _inf2_row(figure: str, setting: str, release: str = "SDK 2.18.1") -> Published:
+    """A row of the Inf2 performance data file (transformers-neuronx on an inf2.48xlarge)."""
+    return Published(figure, setting, "inf2.48xlarge", f"transformers-neuronx, {release}", _INF2_CSV,
+                     "Inf2 performance, decoder models (data file)")
+
+
 _LLAMA3_8B_INF2 = (
-    Published("TTFT p50 25 ms, TPOT p50 6.42 ms, 161.67 tok/s", "Llama-3-8B, int8 weights, tp 24, batch 1, "
-              "128 in / 3968 out", "inf2.48xlarge", "transformers-neuronx, SDK 2.18.1", _INF2_CSV,
-              "Inf2 performance, decoder models (data file)"),
-    Published("TTFT p50 101.81 ms, TPOT p50 6.5 ms, 153.58 tok/s", "Llama-3-8B, int8 weights, tp 24, batch 1, "
-              "2048 in / 2048 out", "inf2.48xlarge", "transformers-neuronx, SDK 2.18.1", _INF2_CSV,
-              "Inf2 performance, decoder models (data file)"),
-    Published("TTFT p50 66.02 ms, TPOT p50 10.45 ms, 859.09 tok/s", "Llama-3-8B, int8 weights, tp 24, batch 8, "
-              "128 in / 3968 out", "inf2.48xlarge", "transformers-neuronx, SDK 2.18.1", _INF2_CSV,
-              "Inf2 performance, decoder models (data file)"),
+    _inf2_row("TTFT p50 25 ms, TPOT p50 6.42 ms, 161.67 tok/s", "Llama-3-8B, int8 weights, tp 24, batch 1, "
+              "128 in / 3968 out"),
+    _inf2_row("TTFT p50 101.81 ms, TPOT p50 6.5 ms, 153.58 tok/s", "Llama-3-8B, int8 weights, tp 24, batch 1, "
+              "2048 in / 2048 out"),
+    _inf2_row("TTFT p50 66.02 ms, TPOT p50 10.45 ms, 859.09 tok/s", "Llama-3-8B, int8 weights, tp 24, batch 8, "
+              "128 in / 3968 out"),
     Published("TTFT p50 27.34 ms, TPOT p50 6.86 ms, 149.74 tok/s", "Mistral-7B-Instruct-v0.2, bf16, tp 24, batch 1, "
               "128 in / 3968 out", "inf2.48xlarge", "transformers-neuronx, SDK 2.18.0", _INF2_PERF,
               "Inf2 Inference Performance (SDK 2.19.1 docs)"),
@@ -86,9 +89,8 @@ FIGURES: dict[str, tuple[Published, ...]] = {
                   "NxD Inference, SDK 2.28.1 docs", _TRN2_70B, "NxD Inference tutorial: Llama-3.3-70B on Trn2"),
     ),
     "int8": (
-        Published("TTFT p50 25 ms, TPOT p50 6.42 ms, 161.67 tok/s (no bf16 row of the same model to compare)",
-                  "Llama-3-8B, int8 weights, tp 24, batch 1, 128 in / 3968 out", "inf2.48xlarge",
-                  "transformers-neuronx, SDK 2.18.1", _INF2_CSV, "Inf2 performance, decoder models (data file)"),
+        _inf2_row("TTFT p50 25 ms, TPOT p50 6.42 ms, 161.67 tok/s (no bf16 row of the same model to compare)",
+                  "Llama-3-8B, int8 weights, tp 24, batch 1, 128 in / 3968 out"),
         Published("\"converted to a smaller data type to reduce memory bandwidth usage, which improves model "
                   "performance\" (no figure)", "NxD Inference weight quantization", "any",
                   "NxD Inference, SDK 2.28.1 docs", _FEATURE_GUIDE, "NxD Inference feature guide"),

@@ -16,10 +16,10 @@ import torch
 
 from ..artifacts import graphs as gr
 from ..engine.config import NeuronConfig
-from ..model_store import load_tokenizer, resolve_model_path
+from ..model_store import load_tokenizer
 from ..planning.buckets import tnx_context_buckets, tnx_token_buckets
 from ..prompts import encode_prompts
-from .backend import resolve_backend
+from .backend import start
 from .build import build_model, load_model
 from .evaluate import describe_difference
 from .figures import OneRunComparison, Spread, compare, compare_one, timing_entries, timing_metric, titled
@@ -59,9 +59,7 @@ def setup(backend="reference", neuron_stack=None, device="cpu", seed=0, model_pa
         raise ValueError(f"artifact={artifact!r}: use one of {gr.ARTIFACTS}")
     if warm_repeats < 2:
         raise ValueError(f"warm_repeats={warm_repeats}: 2 or more (the cold build is compared with their spread)")
-    bk = resolve_backend(backend, neuron_stack, device)
-    torch.manual_seed(seed)
-    model_dir = resolve_model_path(model_path)
+    bk, model_dir = start(backend, neuron_stack, device, seed, model_path)
     enc = encode_prompts(load_tokenizer(model_dir), [prompt], batch_size)
     token_buckets = tnx_token_buckets(n_positions)
     context_buckets = tnx_context_buckets(context_length_estimate, token_buckets)
