@@ -230,11 +230,14 @@ class SpeculationRun:
                "detectable": detectable_tv(dist_samples, support, delta), "samples": dist_samples}
         print(f"TV(speculative, target alone) = {out['tv']:.3f}; broken rule {out['tv_broken']:.3f}; bound "
               f"{out['bound']:.3f} ({dist_samples} runs each, {support} outcomes, delta {delta})")
-        sure = (f"a true TV above {out['detectable']:.2f}" if out["detectable"] < 1 else
-                "no true TV (it is at most 1)")
-        print(f"what {dist_samples} runs can detect: {sure} is caught with probability {1 - delta}; a smaller "
-              f"change may pass. Catching a TV of 0.1 for sure takes {samples_to_detect(0.1, support, delta)} runs "
-              "per method.")
+        if out["detectable"] < 1:
+            sure = (f"a change of TV above {out['detectable']:.2f} is caught with probability {1 - delta}; a smaller "
+                    "one may pass")
+        else:
+            sure = (f"no change is certain to be caught (that needs a TV above {out['detectable']:.2f}, and TV is at "
+                    "most 1): the test rules out only gross errors, such as the broken rule's")
+        print(f"what {dist_samples} runs per method can detect: {sure}. Catching a TV of 0.1 for sure would take "
+              f"{samples_to_detect(0.1, support, delta)} runs per method.")
         return out
 
     def plot_survey(self, rows: list[dict]):
