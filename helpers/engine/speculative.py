@@ -129,7 +129,7 @@ class SpeculativeGenerator:
                              f"(it has speculation_length={getattr(target, 'speculation_length', 0)})")
         if target.batch_size != 1:
             raise ValueError(f"speculative sampling runs batch_size=1 (the target has {target.batch_size}), "
-                             "as the Neuron speculative generators do: rebuild the target with batch_size=1")
+                             "the batch the Neuron guides document: rebuild the target with batch_size=1")
         self.draft = draft if hasattr(draft, "propose") else ModelDraft(draft)
         self.target, self.k, self.acceptor = target, k, acceptor or accept_rejection
         self.stats: dict = {}

@@ -148,10 +148,12 @@ def _common_settings(batch_size, n_positions, tp_degree, amp, context_length_est
         raise ValueError("batch_size and tp_degree must be >= 1 and speculation_length >= 0")
     check_tp_degree(tp_degree, instance_family)
     if speculation_length and batch_size != 1:
-        raise ValueError(f"speculation_length={speculation_length} with batch_size={batch_size}: speculative decoding "
-                         "with a draft model runs at batch_size=1 on both stacks (transformers-neuronx guide: "
-                         "'Speculative sampling is currently supported for batch size 1'; NxD Inference guide: "
-                         "'currently supports only batch sizes of 1'): set batch_size=1")
+        raise ValueError(f"speculation_length={speculation_length} with batch_size={batch_size}: helpers speculates "
+                         "with a draft model at batch_size=1 on both stacks, as their guides document "
+                         "(transformers-neuronx: 'Speculative sampling is currently supported for batch size 1', "
+                         "although 0.13's SpeculativeGenerator.sample has a batched branch for right-padded rows; "
+                         "NxD Inference: 'currently supports only batch sizes of 1', and 0.8's assisted loop is "
+                         "written for one sequence): set batch_size=1")
     tokens = tnx_token_buckets(n_positions)
     contexts = tnx_context_buckets(context_length_estimate, tokens)
     if contexts and max(contexts) > max(tokens):
