@@ -9,9 +9,9 @@ Layer: the top floor; may import every layer below (``helpers.parallel``, ``help
 - ``published``: what AWS and Hugging Face publish for a feature on inf2/trn1 (published, not measured here)
 - ``build``: ``build_model`` / ``load_model``, dispatching to the reference engine, its ranks or a Neuron stack
 - ``sharding``: tensor-parallel and GQA-sharding runs, tables and drawings (notebooks 01, 02)
-- ``tensor_parallel``, ``gqa_sharding``, ``speculation_run``, ``int8``, ``round_trip``, ``batching``, ``prefix_caching``, ``migration``:
-  notebooks 01, 02, 05, 06, 08, 09, 10 and 11's set-up, checks, tables, plots and
-  metrics, one call each
+- ``tensor_parallel``, ``gqa_sharding``, ``speculation_run``, ``int8``, ``round_trip``, ``batching``,
+  ``prefix_caching``, ``migration``: notebooks 01, 02, 05, 06, 08, 09, 10 and 11's set-up, checks, tables, plots
+  and metrics, one call each
 - ``bucket_bench``, ``bucket_sections``: TTFT and per-position latency per bucket, and notebook 07's sections
 - ``evaluate``: perplexity, greedy agreement, decode speed (notebooks 05, 06)
 - ``streaming``, ``stopping``, ``speculation``, ``timing``: the measurements of notebooks 03, 04 and 05 (token
