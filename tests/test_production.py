@@ -71,7 +71,7 @@ def test_a_small_model_fits_the_smallest_instance_and_a_large_one_nothing():
 def test_recipe_comment_is_the_two_canonical_lines():
     assert P.recipe_comment("tnx") == (
         '# production: Llama-3.1-8B-Instruct in bf16 (amp="bf16", n_positions=4096, batch_size=1) at tp_degree=2 on an\n'
-        "# inf2.8xlarge (not an inf2.xlarge: compiling an 8B model ran out of a 32 GiB host in aws-neuron-sdk#1222)")
+        "# inf2.8xlarge (not an inf2.xlarge, 16 GiB host: an 8B compile ran out of a 32 GiB trn1.2xlarge in aws-neuron-sdk#1222)")
     assert P.recipe_comment("nxdi") == (
         '# production: Llama-3.1-8B-Instruct in bf16 (torch_dtype="bfloat16", seq_len=4096, batch_size=1) at '
         "tp_degree=8\n# on an inf2.24xlarge (NxD Inference 0.8 is reported not to compile 8 KV heads over 2 cores: "

@@ -38,7 +38,7 @@ STACKS = ("tnx", "nxdi")
 STACK_NAMES = {"tnx": "transformers-neuronx 0.13", "nxdi": "NxD Inference 0.8"}
 ISSUES = {"host": "aws-neuron-sdk#1222", "kv_heads": "aws-neuron-sdk#1289"}
 # What #1222 (and NxDI#26, neuronx-distributed#53) report: the host an 8B compile was killed on (a trn1.2xlarge).
-HOST_EVIDENCE = "a 32 GiB host"
+HOST_EVIDENCE = "a 32 GiB trn1.2xlarge"
 
 # The comment lines, per stack, filled from the computed setting (the line break is part of the text).
 _COMMENT = {
@@ -97,8 +97,8 @@ def refusal(stack: str, model, inst, tp_degree: int, batch_size: int = 1, seq_le
     if tp not in it.tp_degrees:
         return Refusal(it.name, tp, "device", f"{it.name} does not run tp_degree={tp} (it runs {it.tp_degrees})")
     if host_memory_estimate(model, amp) > it.host_memory_bytes:
-        return Refusal(it.name, tp, "host", f"not {_a(it.name)} {it.name}: compiling {_a(size)} {size} model ran "
-                                            f"out of {HOST_EVIDENCE} in {ISSUES['host']}")
+        return Refusal(it.name, tp, "host", f"not {_a(it.name)} {it.name}, {it.host_memory_gib} GiB host: {_a(size)} "
+                                            f"{size} compile ran out of {HOST_EVIDENCE} in {ISSUES['host']}")
     if stack == "nxdi" and tp < s.kv_heads:
         return Refusal(it.name, tp, "kv_heads", f"{STACK_NAMES['nxdi']} is reported not to compile {s.kv_heads} KV "
                                                 f"heads over {tp} core{'s' * (tp != 1)}: {ISSUES['kv_heads']}")
