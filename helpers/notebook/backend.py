@@ -3,9 +3,10 @@
 ``auto`` picks ``neuron`` when a Neuron stack imports (transformers-neuronx for SDK 2.26,
 NxD Inference for SDK 2.28), else ``reference`` (the engine in ``helpers`` on CPU/CUDA).
 
-The notebooks' Neuron cells do not use this module: they are snippets for other people's services, guarded
-by their own library being installed (tests/contract/contract_harness.py). :func:`run_reference_cell` guards the
-cells that need the reference engine and prints why it skipped one — never a silent skip.
+The notebooks' Neuron cells do not use this module: they are snippets for other people's services, skipped where
+their library is not installed by ``%load_ext helpers.notebook.recipes`` (:mod:`helpers.notebook.recipes`).
+:func:`run_reference_cell` guards the cells that need the reference engine and prints why it skipped one — never a
+silent skip.
 """
 from __future__ import annotations
 
